@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny random Hugging Face models (Qwen3 with tied embeddings, Llama untied)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def tiny_qwen3(vocab_size: int = 61, hidden: int = 32, layers: int = 2, tied: bool = True, seed: int = 0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=128,
+        tie_word_embeddings=tied, attn_implementation="eager",
+    )
+    model = Qwen3ForCausalLM(cfg).float()
+    # random init of norms too, so that norm-weight gradients are not degenerate
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def tiny_llama(vocab_size: int = 53, hidden: int = 32, layers: int = 2, seed: int = 1):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+        attention_bias=True, mlp_bias=True, attn_implementation="eager",
+    )
+    model = LlamaForCausalLM(cfg).float()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.fixture
+def qwen3_model():
+    return tiny_qwen3()
+
+
+@pytest.fixture
+def llama_model():
+    return tiny_llama()
