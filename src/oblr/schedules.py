@@ -1,0 +1,125 @@
+"""Learning-rate schedules behind one interface, chosen by name (``algorithm.lr_schedule``).
+
+Every controller is built by ``make_lr_controller(name, optimizer, cfg, total_steps)`` and has
+``step(S, V, n)`` (called once per optimizer step, before it; constant/cosine ignore the statistics),
+``needs_snr`` (the trainer computes S and V only when asked), ``get_last_lr()``, ``metrics()``,
+``state_dict()`` and ``load_state_dict()``. The trainer never branches on the schedule's name.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+_SCHEDULES: dict[str, Callable] = {}
+
+
+def register_schedule(name: str):
+    def deco(factory):
+        if name in _SCHEDULES:
+            raise ValueError(f"learning-rate schedule {name!r} is already registered")
+        _SCHEDULES[name] = factory
+        return factory
+
+    return deco
+
+
+def available_schedules() -> list[str]:
+    return sorted(_SCHEDULES)
+
+
+def make_lr_controller(name: str, optimizer, *, lr: float, eta_min: float = 0.0, warmup_steps: int = 0,
+                       total_steps: int = 1, ema: float = 0.0):
+    if name not in _SCHEDULES:
+        raise ValueError(f"unknown learning-rate schedule {name!r}; known: {', '.join(available_schedules())}")
+    return _SCHEDULES[name](optimizer, lr=lr, eta_min=eta_min, warmup_steps=warmup_steps,
+                            total_steps=total_steps, ema=ema)
+
+
+class _StepSchedule:
+    """lr = f(step) for every param group; S and V are ignored."""
+
+    needs_snr = False
+
+    def __init__(self, optimizer, lr: float, eta_min: float, warmup_steps: int, total_steps: int):
+        self.optimizer = optimizer
+        self.lr, self.eta_min = lr, eta_min
+        self.warmup_steps, self.total_steps = warmup_steps, max(1, total_steps)
+        self.t = 0
+        self._set(self._lr_at(0))
+
+    def _warm(self, t: int) -> float:
+        return min(1.0, (t + 1) / self.warmup_steps) if self.warmup_steps > 0 else 1.0
+
+    def _lr_at(self, t: int) -> float:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _set(self, lr: float) -> None:
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self._last = [lr for _ in self.optimizer.param_groups]
+
+    def step(self, S=None, V=None, n=None) -> None:
+        self._set(self._lr_at(self.t))
+        self.t += 1
+
+    def get_last_lr(self) -> list[float]:
+        return list(self._last)
+
+    def metrics(self) -> dict:
+        return {"snr/lr": self._last[0]}
+
+    def state_dict(self) -> dict:
+        return {"t": self.t, "last": list(self._last)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.t = state["t"]
+        self._set(state["last"][0])
+
+
+@register_schedule("constant")
+class ConstantSchedule(_StepSchedule):
+    def __init__(self, optimizer, *, lr, eta_min=0.0, warmup_steps=0, total_steps=1, ema=0.0):
+        super().__init__(optimizer, lr, eta_min, warmup_steps, total_steps)
+
+    def _lr_at(self, t: int) -> float:
+        return self.lr * self._warm(t)
+
+
+@register_schedule("cosine")
+class CosineSchedule(_StepSchedule):
+    def __init__(self, optimizer, *, lr, eta_min=0.0, warmup_steps=0, total_steps=1, ema=0.0):
+        super().__init__(optimizer, lr, eta_min, warmup_steps, total_steps)
+
+    def _lr_at(self, t: int) -> float:
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, max(0, t - self.warmup_steps) / span)
+        cos = self.eta_min + 0.5 * (self.lr - self.eta_min) * (1 + math.cos(math.pi * progress))
+        return cos * self._warm(t)
+
+
+@register_schedule("snr")
+class SNRSchedule:
+    """OBLR-PO: lr = eta_max * S / (S + V/n) (see :class:`oblr.snr.SNRLearningRate`)."""
+
+    needs_snr = True
+
+    def __init__(self, optimizer, *, lr, eta_min=0.0, warmup_steps=0, total_steps=1, ema=0.0):
+        from oblr.snr import SNRLearningRate
+
+        self.inner = SNRLearningRate(optimizer, eta_max=lr, eta_min=eta_min, ema=ema, warmup_steps=warmup_steps)
+
+    def step(self, S=None, V=None, n=None) -> None:
+        self.inner.step(S, V, n)
+
+    def get_last_lr(self) -> list[float]:
+        return self.inner.get_last_lr()
+
+    def metrics(self) -> dict:
+        return self.inner.metrics()
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
