@@ -1,0 +1,141 @@
+"""Policy loss: token-level importance ratio, optional PPO clip, aggregation modes, optional k3 KL.
+
+Shapes: ``logprobs``, ``old_logprobs``, ``ref_logprobs``, ``response_mask`` [B, T]; ``advantages`` [B]
+(rows prompt-major: reshape [N, G] advantages with ``.reshape(-1)``).
+
+Every aggregation is "per-sequence factor c_i times the token sum of sequence i":
+
+    loss = - sum_i c_i sum_t m_it min(r_it A_i, clip(r_it) A_i)   (+ kl_coef * sum_i c_i sum_t m_it k3_it)
+
+with ``r_it = exp(logp_it - old_it)``. On-policy (old = logp, r = 1) its gradient is
+``- sum_i A_i c_i s_i`` with ``s_i = grad sum_t m_it logp_it``. The factors (:func:`sequence_scale`):
+
+- ``seq_sum_const`` (default, unbiased): c_i = 1 / (B * max_len), a constant;
+- ``token_mean``: c_i = 1 / sum_{j,t} m_jt (each token weighs 1/total tokens). The factor depends on the
+  sampled lengths of the whole batch: biased, for comparison;
+- ``seq_mean`` (original GRPO): c_i = 1 / (B * L_i), L_i = sum_t m_it. Favours short sequences: biased.
+
+The per-output weights w_i fed to the baseline must be ``c_i^2 ||s_i||^2`` for the aggregation used.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def _seq_sum_const(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+    width = mask.shape[-1] if max_len is None else max_len
+    return torch.full(mask.shape[:1], 1.0 / (mask.shape[0] * width), dtype=mask.dtype, device=mask.device)
+
+
+def _token_mean(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+    total = mask.sum().clamp(min=1.0)
+    return (1.0 / total).expand(mask.shape[0]).clone()
+
+
+def _seq_mean(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+    lengths = mask.sum(-1)
+    # an empty response has no tokens: its factor is irrelevant, 0 keeps it out of everything
+    return torch.where(lengths > 0, 1.0 / (mask.shape[0] * lengths.clamp(min=1.0)), torch.zeros_like(lengths))
+
+
+AGGREGATIONS: dict[str, Callable[[torch.Tensor, int | None], torch.Tensor]] = {
+    "seq_sum_const": _seq_sum_const,
+    "token_mean": _token_mean,
+    "seq_mean": _seq_mean,
+}
+# aggregations whose on-policy gradient is an unbiased estimate of (a constant times) grad J
+UNBIASED_AGGREGATIONS = frozenset({"seq_sum_const"})
+
+
+def sequence_scale(response_mask: torch.Tensor, aggregation: str, *, max_len: int | None = None,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Per-sequence factors c [B] such that the on-policy gradient of the loss is ``-sum_i A_i c_i s_i``.
+
+    response_mask [B, T] (1 on response tokens). ``max_len`` (``seq_sum_const`` only) should be the
+    generation limit (max new tokens); None uses the batch width T, which is constant within the batch
+    but depends on the sampled lengths (a tiny bias) -- pass max_len for the exact unbiased form.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; known aggregations: {', '.join(AGGREGATIONS)}")
+    if response_mask.dim() != 2:
+        raise ValueError(f"response_mask must be 2-D [B, T], got shape {tuple(response_mask.shape)}")
+    if response_mask.shape[0] == 0:
+        raise ValueError("response_mask is empty (B = 0 sequences)")
+    if max_len is not None and (int(max_len) != max_len or max_len < 1):
+        raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be floating point, got {dtype}")
+    return AGGREGATIONS[aggregation](response_mask.to(dtype), max_len)
+
+
+def _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs):
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be 2-D [B, T], got shape {tuple(logprobs.shape)}")
+    for name, t in (("old_logprobs", old_logprobs), ("response_mask", response_mask), ("ref_logprobs", ref_logprobs)):
+        if t is not None and t.shape != logprobs.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} does not match logprobs shape {tuple(logprobs.shape)}")
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [B] = [{logprobs.shape[0]}], got shape {tuple(advantages.shape)}; "
+                         "reshape [N, G] advantages with .reshape(-1) (rows are prompt-major)")
+
+
+def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                response_mask: torch.Tensor, *, aggregation: str = "seq_sum_const", max_len: int | None = None,
+                clip_eps: float | None = None, clip_eps_high: float | None = None,
+                ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0):
+    """Clipped importance-weighted policy loss with optional k3 KL to a reference. Returns (loss, metrics).
+
+    logprobs/old_logprobs/ref_logprobs/response_mask [B, T]; advantages [B] (detached here).
+    ratio r = exp(logp - old); with ``clip_eps`` the per-token objective is
+    ``min(r A, clip(r, 1 - clip_eps, 1 + clip_eps_high) A)`` (``clip_eps_high`` defaults to ``clip_eps``),
+    so tokens on the clipped branch get zero gradient. KL (when ``ref_logprobs`` is given and
+    ``kl_coef`` != 0): k3 = exp(ref - logp) - (ref - logp) - 1 >= 0, aggregated with the same c_i.
+    Metrics (detached 0-d tensors; token means over response tokens): ``actor/clip_frac`` (share of
+    tokens on the clipped branch), ``actor/ratio_mean``, ``actor/kl`` (token mean of k3; 0 without a
+    reference), ``actor/pg_loss`` (the loss without the KL term).
+    """
+    _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs)
+    if clip_eps is not None and clip_eps <= 0:
+        raise ValueError(f"clip_eps must be > 0 or None, got {clip_eps}")
+    if clip_eps_high is not None and (clip_eps is None or clip_eps_high <= 0):
+        raise ValueError(f"clip_eps_high={clip_eps_high} needs clip_eps set and must be > 0")
+    if kl_coef != 0.0 and ref_logprobs is None:
+        raise ValueError(f"kl_coef={kl_coef} needs ref_logprobs")
+
+    mask = response_mask.to(logprobs.dtype)
+    on = mask > 0
+    c = sequence_scale(response_mask, aggregation, max_len=max_len, dtype=logprobs.dtype)
+    adv = advantages.detach().to(logprobs.dtype)[:, None]
+
+    # masked positions are set to 0 before exp so that padding values (even -inf) cannot leak NaN
+    log_ratio = torch.where(on, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
+    ratio = log_ratio.exp()
+    obj = ratio * adv
+    clipped = torch.zeros_like(on)
+    if clip_eps is not None:
+        high = clip_eps if clip_eps_high is None else clip_eps_high
+        obj_clip = ratio.clamp(1.0 - clip_eps, 1.0 + high) * adv
+        clipped = (obj_clip < obj) & on
+        obj = torch.minimum(obj, obj_clip)
+    pg_loss = -(c * (obj * mask).sum(-1)).sum()
+
+    n_tok = mask.sum().clamp(min=1.0)
+    kl_tok = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    loss = pg_loss
+    if ref_logprobs is not None:
+        d = torch.where(on, ref_logprobs.detach() - logprobs, torch.zeros_like(logprobs))
+        k3 = d.exp() - d - 1.0
+        if kl_coef != 0.0:
+            loss = pg_loss + kl_coef * (c * (k3 * mask).sum(-1)).sum()
+        kl_tok = (k3 * mask).sum().detach() / n_tok
+
+    metrics = {
+        "actor/clip_frac": clipped.to(logprobs.dtype).sum() / n_tok,
+        "actor/ratio_mean": (ratio.detach() * mask).sum() / n_tok,
+        "actor/kl": kl_tok,
+        "actor/pg_loss": pg_loss.detach(),
+    }
+    return loss, metrics
