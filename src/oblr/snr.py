@@ -1,0 +1,201 @@
+"""Gradient signal/noise statistics and the SNR learning-rate controller (OBLR-PO, paper Theorem 4).
+
+With per-prompt gradient estimates g_k (k = 1..N) of one step and their mean gbar (the step's gradient):
+
+    V   = (sum_k ||g_k||^2 - N ||gbar||^2) / (N - 1)     unbiased for tr Cov(g_q)
+    S   = max(||gbar||^2 - V / N, 0)                      estimates ||grad J||^2
+    SNR = S / V
+    eta = eta_max * S / (S + V/N) = eta_max * N SNR / (1 + N SNR)
+
+Only the ratio matters for the step size, so the g_k may carry any common scale; what matters is that
+gbar = (1/N) sum_k g_k. If a backward pass yields per-prompt *contributions* h_k with g = sum_k h_k, then
+g_k = N h_k. Conventions where the maths is undefined (never NaN):
+V = 0 -> SNR = inf when S > 0, 0 when S = 0; S = V = 0 -> factor 0 (no signal: the rule takes no step;
+``eta_min`` still applies).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _snr(S: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """S / V with V <= 0 -> inf (S > 0) or 0 (S == 0). Never NaN for finite inputs."""
+    pos = V > 0
+    safe = torch.where(pos, V, torch.ones_like(V))
+    return torch.where(pos, S / safe, torch.where(S > 0, torch.full_like(S, math.inf), torch.zeros_like(S)))
+
+
+def signal_noise(per_prompt_sq_norms: torch.Tensor, mean_grad_sq_norm, n_prompts: int | None = None):
+    """(S, V, SNR) as 0-d tensors from per-prompt squared norms and the squared norm of their mean.
+
+    per_prompt_sq_norms: [N] tensor of ||g_k||^2, or a 0-d tensor holding their sum (e.g. after an
+    all-reduce over data-parallel ranks; then ``n_prompts`` is required). mean_grad_sq_norm: ||gbar||^2.
+    V is returned as computed (it is >= 0 up to rounding); S is clamped at 0. No host sync.
+    """
+    sq = torch.as_tensor(per_prompt_sq_norms)
+    if not sq.is_floating_point():
+        sq = sq.double()
+    if sq.dim() == 1:
+        if n_prompts is not None and n_prompts != sq.shape[0]:
+            raise ValueError(f"per_prompt_sq_norms has {sq.shape[0]} entries but n_prompts = {n_prompts}")
+        n_prompts = sq.shape[0]
+        total = sq.sum()
+    elif sq.dim() == 0:
+        if n_prompts is None:
+            raise ValueError("per_prompt_sq_norms is a scalar (a sum): pass n_prompts")
+        total = sq
+    else:
+        raise ValueError(f"per_prompt_sq_norms must be [N] or a scalar sum, got shape {tuple(sq.shape)}")
+    if n_prompts < 2:
+        raise ValueError(f"signal_noise needs at least N = 2 prompts to estimate the noise, got N = {n_prompts}")
+    mean_sq = torch.as_tensor(mean_grad_sq_norm, dtype=total.dtype, device=total.device)
+    V = (total - n_prompts * mean_sq) / (n_prompts - 1)
+    S = (mean_sq - V / n_prompts).clamp(min=0.0)
+    return S, V, _snr(S, V)
+
+
+def signal_noise_from_microbatches(micro_sq_norms, micro_size: int, full_sq_norm, full_size: int):
+    """(S, V, SNR) from micro-batch and full-batch gradient squared norms (McCandlish et al. 2018).
+
+    micro_sq_norms: [M] squared norms ||G_m||^2 of micro-batch mean gradients, each over ``micro_size``
+    prompts (or a 0-d mean of them); full_sq_norm: ||G||^2 of the mean gradient over ``full_size`` prompts.
+    With E||G_b||^2 = ||grad J||^2 + tr Sigma / b for a mean over b iid prompts:
+
+        V = (mean_m ||G_m||^2 - ||G||^2) / (1/micro_size - 1/full_size)       unbiased for tr Sigma
+        S = max(||G||^2 - V / full_size, 0)   (= (B|G|^2 - b|G_b|^2)/(B - b), clamped)
+
+    V is NOT clamped (it can be negative by chance; the controller clamps after any smoothing).
+    """
+    if not (0 < micro_size < full_size):
+        raise ValueError(f"need 0 < micro_size < full_size, got micro_size={micro_size}, full_size={full_size}")
+    micro = torch.as_tensor(micro_sq_norms)
+    if not micro.is_floating_point():
+        micro = micro.double()
+    if micro.dim() > 1 or micro.numel() == 0:
+        raise ValueError(f"micro_sq_norms must be [M] (M >= 1) or a scalar mean, got shape {tuple(micro.shape)}")
+    small = micro.mean()
+    big = torch.as_tensor(full_sq_norm, dtype=small.dtype, device=small.device)
+    V = (small - big) / (1.0 / micro_size - 1.0 / full_size)
+    S = (big - V / full_size).clamp(min=0.0)
+    return S, V, _snr(S, V)
+
+
+def snr_factor(S: float, V: float, n: int) -> float:
+    """S / (S + V/n) in [0, 1] for S >= 0, V >= 0; 1 when V = 0 < S, 0 when S = V = 0."""
+    den = S + V / n
+    return S / den if den > 0 else 0.0
+
+
+class SNRLearningRate:
+    """Sets every param group's lr to ``warm(t) * max(eta_min, eta_max * S / (S + V/n))`` each step.
+
+    Call ``step(S, V, n)`` once per optimizer step, BEFORE ``optimizer.step()``, with the statistics of
+    the gradient about to be applied (S, V: floats or 0-d tensors; n: prompts in the step).
+
+    - ``eta_max``: a float (every group), a list (one per group) or None: each group's initial lr
+      (``group["initial_lr"]`` if set, else its ``lr``), which makes the rule a multiplier of the
+      optimizer's lr (the AdamW use).
+    - ``eta_min``: absolute lr floor (applied before warm-up), so that training never stalls.
+    - ``ema``: in [0, 1); when > 0, S and V are exponential moving averages with bias correction
+      ``avg / (1 - ema^k)`` after k accepted updates. V is averaged unclamped (unbiased estimates stay
+      unbiased) and clamped at 0 afterwards; S is clamped at 0 before averaging.
+    - ``warmup_steps``: linear warm-up factor ``min(1, k / warmup_steps)`` at the k-th accepted update.
+
+    A non-finite S or V leaves the lr unchanged, does not advance k, and is counted (``n_skipped``).
+    """
+
+    def __init__(self, optimizer, eta_max=None, *, eta_min: float = 0.0, ema: float = 0.0, warmup_steps: int = 0):
+        groups = optimizer.param_groups
+        if eta_max is None:
+            for g in groups:
+                g.setdefault("initial_lr", g["lr"])
+            eta_max = [float(g["initial_lr"]) for g in groups]
+        elif isinstance(eta_max, (list, tuple)):
+            if len(eta_max) != len(groups):
+                raise ValueError(f"eta_max has {len(eta_max)} entries for {len(groups)} param groups")
+            eta_max = [float(e) for e in eta_max]
+        else:
+            eta_max = [float(eta_max)] * len(groups)
+        if any(not math.isfinite(e) or e <= 0 for e in eta_max):
+            raise ValueError(f"eta_max must be positive and finite, got {eta_max}")
+        if not (math.isfinite(eta_min) and eta_min >= 0):
+            raise ValueError(f"eta_min must be >= 0, got {eta_min}")
+        if not (0.0 <= ema < 1.0):
+            raise ValueError(f"ema must be in [0, 1), got {ema}")
+        if int(warmup_steps) != warmup_steps or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be a non-negative integer, got {warmup_steps}")
+        self.optimizer = optimizer
+        self.eta_max, self.eta_min, self.ema, self.warmup_steps = eta_max, float(eta_min), float(ema), int(warmup_steps)
+        self.steps = 0          # accepted updates
+        self.n_skipped = 0      # ignored updates (non-finite S or V)
+        self._s_avg = self._v_avg = 0.0
+        self.last_S = self.last_V = None
+        self.last_n = None
+        self.last_factor = None
+        self._last_lr = [float(g["lr"]) for g in groups]
+
+    def _smooth(self, S: float, V: float) -> tuple[float, float]:
+        if self.ema == 0.0:
+            return S, V
+        b = self.ema
+        self._s_avg = b * self._s_avg + (1 - b) * S
+        self._v_avg = b * self._v_avg + (1 - b) * V
+        corr = 1.0 - b**self.steps
+        return self._s_avg / corr, self._v_avg / corr
+
+    def step(self, S, V, n: int) -> list[float]:
+        """Update the lrs from this step's S, V (n prompts). Returns the new lrs (one per group)."""
+        if int(n) != n or n < 1:
+            raise ValueError(f"n (prompts in the step) must be a positive integer, got {n}")
+        S, V = float(S), float(V)  # one host sync per step: not the hot path
+        if not (math.isfinite(S) and math.isfinite(V)):
+            self.n_skipped += 1
+            return self.get_last_lr()
+        self.steps += 1
+        S, V = self._smooth(max(S, 0.0), V)
+        S, V = max(S, 0.0), max(V, 0.0)
+        factor = snr_factor(S, V, int(n))
+        warm = min(1.0, self.steps / self.warmup_steps) if self.warmup_steps else 1.0
+        self._last_lr = [warm * max(self.eta_min, e * factor) for e in self.eta_max]
+        for g, lr in zip(self.optimizer.param_groups, self._last_lr):
+            g["lr"] = lr
+        self.last_S, self.last_V, self.last_n, self.last_factor = S, V, int(n), factor
+        return self.get_last_lr()
+
+    def get_last_lr(self) -> list[float]:
+        return list(self._last_lr)
+
+    def metrics(self) -> dict[str, float]:
+        """``snr/{S,V,snr,n_snr,factor,lr,skipped}`` (S, V after smoothing; before the first accepted
+        update only ``snr/lr`` and ``snr/skipped``)."""
+        m = {"snr/lr": self._last_lr[0], "snr/skipped": float(self.n_skipped)}
+        if self.last_factor is not None:
+            S, V = self.last_S, self.last_V
+            snr = S / V if V > 0 else (math.inf if S > 0 else 0.0)
+            m.update({"snr/S": S, "snr/V": V, "snr/snr": snr, "snr/n_snr": self.last_n * snr if snr else 0.0,
+                      "snr/factor": self.last_factor})
+        return m
+
+    _STATE = ("eta_max", "eta_min", "ema", "warmup_steps", "steps", "n_skipped", "_s_avg", "_v_avg",
+              "last_S", "last_V", "last_n", "last_factor", "_last_lr")
+
+    def state_dict(self) -> dict:
+        return {k.lstrip("_"): (list(v) if isinstance(v, list) else v)
+                for k, v in ((k, getattr(self, k)) for k in self._STATE)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the controller and re-apply its last lrs to the optimizer's param groups."""
+        missing = [k.lstrip("_") for k in self._STATE if k.lstrip("_") not in state]
+        if missing:
+            raise ValueError(f"SNRLearningRate state_dict is missing keys {missing}")
+        if len(state["last_lr"]) != len(self.optimizer.param_groups):
+            raise ValueError(f"state has {len(state['last_lr'])} param groups, optimizer has "
+                             f"{len(self.optimizer.param_groups)}")
+        for k in self._STATE:
+            v = state[k.lstrip("_")]
+            setattr(self, k, list(v) if isinstance(v, list) else v)
+        for g, lr in zip(self.optimizer.param_groups, self._last_lr):
+            g["lr"] = lr
