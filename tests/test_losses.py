@@ -149,3 +149,18 @@ def test_errors():
         policy_loss(lp, lp, adv, mask, clip_eps_high=0.3)
     with pytest.raises(ValueError, match="unknown aggregation"):
         policy_loss(lp, lp, adv, mask, aggregation="sum")
+
+
+def test_precomputed_seq_scale_for_micro_batches():
+    """Two micro-batches with factors from the whole batch give the whole batch's loss and gradient."""
+    lp, mask, adv = leaf_batch()
+    for agg in AGGREGATIONS:
+        full, _ = policy_loss(lp, lp.detach(), adv, mask, aggregation=agg, clip_eps=0.2)
+        (g_full,) = torch.autograd.grad(full, lp)
+        c = sequence_scale(mask, agg)
+        parts = [policy_loss(lp[r], lp[r].detach(), adv[r], mask[r], aggregation=agg, clip_eps=0.2,
+                             seq_scale=c[r])[0] for r in (slice(0, 1), slice(1, 3))]
+        (g_parts,) = torch.autograd.grad(parts[0] + parts[1], lp)
+        assert torch.allclose(full, parts[0] + parts[1]) and torch.allclose(g_full, g_parts)
+    with pytest.raises(ValueError, match="seq_scale must be"):
+        policy_loss(lp, lp, adv, mask, seq_scale=c[:2])

@@ -85,7 +85,8 @@ def _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprob
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                 response_mask: torch.Tensor, *, aggregation: str = "seq_sum_const", max_len: int | None = None,
                 clip_eps: float | None = None, clip_eps_high: float | None = None,
-                ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0):
+                ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
+                seq_scale: torch.Tensor | None = None):
     """Clipped importance-weighted policy loss with optional k3 KL to a reference. Returns (loss, metrics).
 
     logprobs/old_logprobs/ref_logprobs/response_mask [B, T]; advantages [B] (detached here).
@@ -96,6 +97,10 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     Metrics (detached 0-d tensors; token means over response tokens): ``actor/clip_frac`` (share of
     tokens on the clipped branch), ``actor/ratio_mean``, ``actor/kl`` (token mean of k3; 0 without a
     reference), ``actor/pg_loss`` (the loss without the KL term).
+
+    ``seq_scale`` [B]: precomputed factors c_i (from :func:`sequence_scale` on the WHOLE batch) that
+    replace the ones computed here -- needed when the batch is processed in micro-batches, since
+    ``seq_sum_const``, ``token_mean`` and ``seq_mean`` all depend on the full batch size B or token count.
     """
     _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs)
     if clip_eps is not None and clip_eps <= 0:
@@ -107,7 +112,14 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
 
     mask = response_mask.to(logprobs.dtype)
     on = mask > 0
-    c = sequence_scale(response_mask, aggregation, max_len=max_len, dtype=logprobs.dtype)
+    if seq_scale is None:
+        c = sequence_scale(response_mask, aggregation, max_len=max_len, dtype=logprobs.dtype)
+    else:
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {aggregation!r}; known aggregations: {', '.join(AGGREGATIONS)}")
+        if seq_scale.shape != logprobs.shape[:1]:
+            raise ValueError(f"seq_scale must be [B] = [{logprobs.shape[0]}], got shape {tuple(seq_scale.shape)}")
+        c = seq_scale.detach().to(logprobs.dtype)
     adv = advantages.detach().to(logprobs.dtype)[:, None]
 
     # masked positions are set to 0 before exp so that padding values (even -inf) cannot leak NaN
