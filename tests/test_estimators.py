@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from oblr import estimators as est_mod
 from oblr.estimators import (
     BaselineOutput,
     available_estimators,
@@ -22,7 +23,6 @@ from oblr.estimators import (
     get_estimator,
     register_estimator,
 )
-from oblr import estimators as est_mod
 
 D = torch.float64
 

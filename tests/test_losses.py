@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_qwen3
+
 from oblr.logprobs import sequence_logprobs, token_logprobs
 from oblr.losses import AGGREGATIONS, policy_loss, sequence_scale
 

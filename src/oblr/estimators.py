@@ -34,8 +34,8 @@ to know which per-output weights to compute and never branches on a method name.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

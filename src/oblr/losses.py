@@ -20,7 +20,7 @@ The per-output weights w_i fed to the baseline must be ``c_i^2 ||s_i||^2`` for t
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
