@@ -1,0 +1,39 @@
+"""Exact per-sequence gradient norms in one batched backward pass (and the book-keeping weighted gradient).
+
+- :func:`sequence_grad_sq_norms` -- w_i = ||s_i||^2 for a batch (method "auto" | "ghost" | "materialize" | "loop").
+- :class:`BookKeeper` -- one forward + one backward per micro-batch, then ``sq_norms``, ``group_sq_norms``,
+  ``accumulate_grad`` from the stored activations and output gradients.
+- :func:`register_rule` -- add a rule for another module type.
+- :mod:`oblr.gradnorm.reference` -- the slow exact loop; :mod:`oblr.gradnorm.proxies` -- forward-only proxies.
+See docs/gradnorm.md.
+"""
+
+from .contrib import Dense, Grouping, Outer
+from .engine import METHODS, BookKeeper, UnsupportedModuleError, sequence_grad_sq_norms
+from .layers import register_rule, register_structural_rule, registered_types
+from .proxies import length_weights, logit_energy_weights
+from .reference import (
+    loop_group_sq_norms,
+    loop_per_sequence_grads,
+    loop_sequence_sq_norms,
+    loop_weighted_grad,
+)
+
+__all__ = [
+    "METHODS",
+    "BookKeeper",
+    "Dense",
+    "Grouping",
+    "Outer",
+    "UnsupportedModuleError",
+    "length_weights",
+    "logit_energy_weights",
+    "loop_group_sq_norms",
+    "loop_per_sequence_grads",
+    "loop_sequence_sq_norms",
+    "loop_weighted_grad",
+    "register_rule",
+    "register_structural_rule",
+    "registered_types",
+    "sequence_grad_sq_norms",
+]

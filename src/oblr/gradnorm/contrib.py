@@ -1,0 +1,255 @@
+"""Per-sample gradient contributions and their exact inner products.
+
+A layer rule turns what the recorded backward pass hands a module (its input ``x`` and the gradient
+``g`` of ``sum_i l_i`` with respect to its output) into one *contribution* per trainable parameter.
+Because rows of a batch are independent, row ``i`` of ``x`` and ``g`` carry exactly the per-sequence
+gradient ``s_i`` restricted to that parameter. Two kinds cover every rule:
+
+- :class:`Outer` -- ``G_k = sum_t left[k, t] right[k, t]^T`` reshaped to the parameter's shape
+  (Linear weight: ``left = g`` [K, T, d_out], ``right = x`` [K, T, d_in]; Embedding weight:
+  ``left`` = token ids [K, T] standing for one-hot rows of the [V, D] table, ``right = g`` [K, T, D]).
+  Its squared norm is available two ways: the *ghost norm*
+  ``sum_{t,s} (left_t . left_s)(right_t . right_s)`` (cost ~ T^2 (R + C) per sample, memory T^2) or the
+  *materialised* matrix ``left^T right`` (cost ~ T R C, memory R C).
+- :class:`Dense` -- the per-row gradient already reduced, ``z`` [B, *shape] float32 (biases, norm
+  weights, loop-fallback parameters): cheap because these parameters are small.
+
+A :class:`Grouping` says which "samples" to assemble: every row alone (per-sequence norms ``w_i``),
+groups of rows with coefficients (``||sum_{i in k} c_i s_i||^2``), or everything with coefficients
+(the weighted gradient). Grouping rows concatenates their tokens, so one code path serves all three.
+All arithmetic is float32 whatever the model dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Tensor = torch.Tensor
+
+#: elements one chunk of per-sample Gram or materialised matrices may hold (float32: 256 MiB)
+CHUNK_ELEMS = 1 << 26
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Which sums of per-row gradients to assemble.
+
+    ``K`` samples; sample ``k`` is ``sum_m scale[k, m] * s_{index[k, m]}``. ``index``/``scale`` are
+    [K, M] (padding slots have scale 0); ``row_group`` [B] and ``coeff`` [B] say the same row-wise.
+    ``index is None`` means the identity: K = B, each row alone with coefficient 1.
+    ``contiguous`` means ``index == arange(K*M).view(K, M)`` so tensors can be reshaped, not gathered.
+    """
+
+    K: int
+    index: Tensor | None = None
+    scale: Tensor | None = None
+    row_group: Tensor | None = None
+    coeff: Tensor | None = None
+    contiguous: bool = False
+
+    @staticmethod
+    def rows(batch: int) -> Grouping:
+        return Grouping(K=batch)
+
+    @staticmethod
+    def from_groups(coeffs: Tensor, group_ids: Tensor) -> Grouping:
+        """Groups by ``group_ids`` [B] (any integers; output order = sorted unique ids), coefficients [B]."""
+        if coeffs.dim() != 1 or group_ids.shape != coeffs.shape:
+            raise ValueError(
+                f"coeffs and group_ids must both be [B]; got {tuple(coeffs.shape)} and {tuple(group_ids.shape)}"
+            )
+        if group_ids.is_floating_point():
+            raise ValueError("group_ids must be an integer tensor")
+        B = coeffs.shape[0]
+        dev = coeffs.device
+        coeffs = coeffs.detach().float()
+        _, inv = torch.unique(group_ids.to(dev), return_inverse=True)
+        counts = torch.bincount(inv)
+        K, M = counts.shape[0], int(counts.max())  # one host sync per call, not per layer
+        order = torch.argsort(inv, stable=True)
+        starts = torch.cumsum(counts, 0) - counts
+        slot = torch.arange(B, device=dev) - starts[inv[order]]
+        index = torch.zeros(K, M, dtype=torch.long, device=dev)
+        scale = torch.zeros(K, M, dtype=torch.float32, device=dev)
+        index[inv[order], slot] = order
+        scale[inv[order], slot] = coeffs[order]
+        contiguous = K * M == B and bool(torch.equal(index.flatten(), torch.arange(B, device=dev)))
+        return Grouping(K=K, index=index, scale=scale, row_group=inv, coeff=coeffs, contiguous=contiguous)
+
+    @staticmethod
+    def single(coeffs: Tensor) -> Grouping:
+        """One sample: ``sum_i coeffs[i] s_i``."""
+        return Grouping.from_groups(coeffs, torch.zeros_like(coeffs, dtype=torch.long))
+
+
+def _chunks(K: int, per_item: int, budget: int = CHUNK_ELEMS):
+    step = max(1, budget // max(1, per_item))
+    for k0 in range(0, K, step):
+        yield k0, min(K, k0 + step)
+
+
+class Outer:
+    """``G_k = sum_t left[k, t] right[k, t]^T``, viewed as ``shape`` (whose numel is R*C).
+
+    left: [K, T, R] float, or [K, T] long ids (one-hot rows of an R-row table); right: [K, T, C].
+    """
+
+    def __init__(self, left: Tensor, right: Tensor, shape: torch.Size | tuple[int, ...]):
+        self.left, self.right, self.shape = left, right, tuple(shape)
+        self.C = right.shape[-1]
+        self.R = self.shape[0] if self.is_index else left.shape[-1]
+        if self.R * self.C != _numel(self.shape):
+            raise ValueError(f"Outer factors R={self.R}, C={self.C} do not fit parameter shape {self.shape}")
+
+    @property
+    def is_index(self) -> bool:
+        return not self.left.is_floating_point()
+
+    @property
+    def K(self) -> int:
+        return self.right.shape[0]
+
+    @property
+    def T(self) -> int:
+        return self.right.shape[1]
+
+    def regroup(self, grp: Grouping) -> Outer:
+        left = self.left if self.is_index else self.left.float()
+        right = self.right.float()
+        if grp.index is None:
+            return Outer(left, right, self.shape)
+        K, M = grp.index.shape
+        # scale the cheaper dense factor (never the ids)
+        scale_right = self.is_index or self.C <= self.R
+
+        def gather(t: Tensor) -> Tensor:
+            if grp.contiguous:
+                return t.reshape(K, M, *t.shape[1:])
+            return t[grp.index]
+
+        left, right = gather(left), gather(right)  # [K, M, T, ...]
+        s = grp.scale.view(K, M, 1, 1)
+        if scale_right:
+            right = right * s
+        else:
+            left = left * s
+        T = self.T
+        left = left.reshape(K, M * T) if self.is_index else left.reshape(K, M * T, self.R)
+        return Outer(left, right.reshape(K, M * T, self.C), self.shape)
+
+    def slice(self, k0: int, k1: int) -> Outer:
+        return Outer(self.left[k0:k1], self.right[k0:k1], self.shape)
+
+    def materialize(self) -> Tensor:
+        """[K, *shape] float32."""
+        K, R, C = self.K, self.R, self.C
+        if self.is_index:
+            out = torch.zeros(K, R, C, dtype=self.right.dtype, device=self.right.device)
+            out.scatter_add_(1, self.left[..., None].expand(-1, -1, C), self.right)
+        else:
+            out = torch.bmm(self.left.transpose(1, 2), self.right)
+        return out.reshape(K, *self.shape)
+
+    def materialize_cost(self) -> int:
+        return self.T * self.C * (1 if self.is_index else self.R) + self.R * self.C
+
+
+class Dense:
+    """Per-row gradients already reduced: ``z`` [K, *shape] float32."""
+
+    def __init__(self, z: Tensor):
+        self.z = z.float()
+        self.shape = tuple(z.shape[1:])
+
+    def regroup(self, grp: Grouping) -> Dense:
+        if grp.index is None:
+            return self
+        coeff = grp.coeff.view(-1, *([1] * len(self.shape)))
+        out = torch.zeros(grp.K, *self.shape, dtype=torch.float32, device=self.z.device)
+        return Dense(out.index_add_(0, grp.row_group, self.z * coeff))
+
+    @property
+    def K(self) -> int:
+        return self.z.shape[0]
+
+    def slice(self, k0: int, k1: int) -> Dense:
+        return Dense(self.z[k0:k1])
+
+    def materialize(self) -> Tensor:
+        return self.z
+
+
+Contribution = Outer | Dense
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _left_gram(a: Outer, b: Outer) -> Tensor:
+    """[K, Ta, Tb] inner products of left factors (one-hot ids handled without materialising)."""
+    if a.is_index and b.is_index:
+        return (a.left[:, :, None] == b.left[:, None, :]).float()
+    if a.is_index:
+        return b.left.gather(2, a.left[:, None, :].expand(-1, b.T, -1)).transpose(1, 2)
+    if b.is_index:
+        return a.left.gather(2, b.left[:, None, :].expand(-1, a.T, -1))
+    return torch.bmm(a.left, b.left.transpose(1, 2))
+
+
+def ghost_inner(a: Outer, b: Outer) -> Tensor:
+    """<G_a[k], G_b[k]> = sum_{t,s} (left_a,t . left_b,s)(right_a,t . right_b,s). [K] float32."""
+    out = []
+    for k0, k1 in _chunks(a.K, 2 * a.T * b.T):
+        ac, bc = a.slice(k0, k1), b.slice(k0, k1)
+        gr = torch.bmm(ac.right, bc.right.transpose(1, 2))
+        out.append((_left_gram(ac, bc) * gr).sum((1, 2)))
+    return torch.cat(out)
+
+
+def ghost_cost(contribs: list[Outer]) -> int:
+    cost = 0
+    for a in contribs:
+        for b in contribs:
+            cost += a.T * b.T * ((1 if a.is_index or b.is_index else a.R) + a.C)
+    return cost
+
+
+def use_ghost(contribs: list[Contribution], method: str) -> bool:
+    """Ghost norm when every contribution is an Outer and (method="ghost" or it is cheaper)."""
+    if not contribs or any(isinstance(c, Dense) for c in contribs) or method == "materialize":
+        return False
+    if method == "ghost":
+        return True
+    mat = sum(c.materialize_cost() for c in contribs)
+    return ghost_cost(contribs) < mat
+
+
+def materialized_sum(contribs: list[Contribution]) -> Tensor:
+    """[K, *shape] float32: the sum of all contributions, materialised."""
+    total = contribs[0].materialize()
+    for c in contribs[1:]:
+        total = total + c.materialize()
+    return total
+
+
+def sq_norm(contribs: list[Contribution], method: str) -> Tensor:
+    """||sum_c G_c[k]||^2 for each sample k, [K] float32, by ghost pairs or materialisation in chunks."""
+    if use_ghost(contribs, method):
+        total = 0
+        for i, a in enumerate(contribs):
+            for b in contribs[i:]:
+                total = total + (1 if a is b else 2) * ghost_inner(a, b)
+        return total
+    K = contribs[0].K
+    per_item = _numel(contribs[0].shape)
+    out = []
+    for k0, k1 in _chunks(K, per_item):
+        m = materialized_sum([c.slice(k0, k1) for c in contribs])
+        out.append(m.reshape(k1 - k0, -1).pow(2).sum(1))
+    return torch.cat(out)

@@ -1,0 +1,318 @@
+"""Book-keeping engine: per-sequence gradient norms, group norms and the weighted gradient from ONE backward.
+
+How it works (see docs/gradnorm.md):
+
+1. ``record()`` plans which modules own trainable parameters and finds a rule for each (an unsupported
+   owner raises here, before any forward, naming module path, type and parameter). It sets
+   ``requires_grad=False`` on those parameters (restored in ``finally``) and installs forward hooks that
+   keep each call's input ``x`` and output ``y``; an output that would not require grad (e.g. the
+   input embedding's, whose only trainable input was switched off) is made to require grad.
+2. ``backward(seq_obj)`` runs ``torch.autograd.grad(seq_obj.sum(), [y ...])``: one backward pass that
+   computes only activation gradients -- no weight gradients, and no parameter's ``.grad`` is touched.
+   Because rows are independent, row i of ``dy`` is the gradient of ``seq_obj[i]`` alone, and each
+   layer rule turns ``(x, dy)`` into per-row contributions (see :mod:`oblr.gradnorm.contrib`).
+3. ``sq_norms``, ``group_sq_norms`` and ``accumulate_grad`` assemble from the stored contributions:
+   parameters are deduplicated by identity, so tied embeddings sum both owners' contributions and the
+   cross term ``2 <G_emb, G_head>`` is included. Ghost norm or materialisation is chosen per parameter.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..logprobs import sequence_logprobs, token_logprobs
+from .contrib import Dense, Grouping, materialized_sum, sq_norm
+from .layers import Rule, rule_for
+
+METHODS = ("auto", "ghost", "materialize")
+
+
+class UnsupportedModuleError(ValueError):
+    """A trainable parameter is owned by a module that has no gradnorm rule."""
+
+
+@dataclass
+class _Entry:
+    """One trainable parameter (deduplicated by identity) and its contributions [B or K, *shape]."""
+
+    name: str
+    param: nn.Parameter
+    owners: list[tuple[str, nn.Module, str]] = field(default_factory=list)  # (module path, module, local name)
+    contribs: list = field(default_factory=list)
+    fallback: bool = False
+
+
+@dataclass
+class _Hooked:
+    path: str
+    module: nn.Module
+    rule: Rule
+    names: frozenset
+    params: dict  # local name -> _Entry
+
+
+@dataclass
+class _Record:
+    hooked: _Hooked
+    x: torch.Tensor
+    y: torch.Tensor
+    versions: tuple[int, int]
+
+
+class BookKeeper:
+    """Exact per-sequence gradient norms and the book-keeping weighted gradient, one backward per micro-batch.
+
+    Args:
+        model: any ``nn.Module``; its parameters with ``requires_grad=True`` (at ``record()`` time) are the
+            trainable ones, deduplicated by identity.
+        method: ``"auto"`` (ghost norm or materialisation per parameter, whichever is cheaper),
+            ``"ghost"`` or ``"materialize"`` (forced where the rule allows a choice).
+        allow_loop_fallback: for a trainable parameter with no rule, warn and compute its per-row
+            gradients with one extra backward per row (``retain_graph``) instead of raising.
+
+    Use::
+
+        book = BookKeeper(model)
+        with book.record():
+            seq_lp = sequence_logprobs(gather_logprobs(forward_logits(model, ids, am), ids), rm)  # [B]
+            book.backward(seq_lp)
+        w = book.sq_norms()                          # [B]  ||s_i||^2, s_i = grad seq_lp[i]
+        gk = book.group_sq_norms(coeffs, group_ids)  # [K]  ||sum_{i in k} c_i s_i||^2
+        gsq = book.accumulate_grad(coeffs)           # p.grad += sum_i c_i s_i; returns ||sum_i c_i s_i||^2
+        book.clear()
+    """
+
+    def __init__(self, model: nn.Module, method: str = "auto", allow_loop_fallback: bool = False):
+        if method not in METHODS:
+            hint = " (use sequence_grad_sq_norms(..., method='loop') for the loop)" if method == "loop" else ""
+            raise ValueError(f"BookKeeper method must be one of {METHODS}, got {method!r}{hint}")
+        self.model = model
+        self.method = method
+        self.allow_loop_fallback = allow_loop_fallback
+        self._recording = False
+        self._records: list[_Record] = []
+        self._entries: list[_Entry] = []
+        self._batch: int | None = None
+        self._warned: set[str] = set()
+        self._in_backward = False
+        self._plan()  # fail early on unsupported modules
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self) -> list[_Hooked]:
+        ckpt = [p for p, m in self.model.named_modules() if getattr(m, "gradient_checkpointing", False) is True]
+        if ckpt:
+            raise ValueError(f"gradient checkpointing is enabled on '{ckpt[0] or '<root>'}'; the book-keeping engine "
+                             "keeps every layer's input anyway, so disable it (model.gradient_checkpointing_disable())")
+        entries: dict[int, _Entry] = {}
+        for path, mod in self.model.named_modules():
+            for lname, p in mod._parameters.items():
+                if p is None or not p.requires_grad:
+                    continue
+                qual = f"{path}.{lname}" if path else lname
+                entries.setdefault(id(p), _Entry(qual, p)).owners.append((path, mod, lname))
+        rules: dict[int, tuple[Rule | None, str | None]] = {}
+        bad = []
+        for e in entries.values():
+            for path, mod, lname in e.owners:
+                if id(mod) not in rules:
+                    rules[id(mod)] = rule_for(mod)
+                rule, reason = rules[id(mod)]
+                if rule is not None and lname not in rule.params:
+                    rule, reason = None, f"rule {rule.name} does not cover parameter {lname!r}"
+                if rule is None:
+                    e.fallback = True
+                    bad.append(f"module '{path or '<root>'}' ({type(mod).__qualname__}), parameter '{lname}'"
+                               f" [{e.name}]: {reason}")
+        if bad:
+            msg = "trainable parameters without an exact gradnorm rule:\n  " + "\n  ".join(bad)
+            if not self.allow_loop_fallback:
+                raise UnsupportedModuleError(
+                    msg + "\nFreeze them, register a rule (oblr.gradnorm.register_rule), or pass "
+                    "allow_loop_fallback=True (one extra backward per sequence for these parameters)."
+                )
+            if msg not in self._warned:
+                self._warned.add(msg)
+                warnings.warn(msg + "\nFalling back to one backward per sequence for these parameters.",
+                              stacklevel=3)
+        hooked: dict[int, _Hooked] = {}
+        for e in entries.values():
+            if e.fallback:
+                continue
+            for path, mod, lname in e.owners:
+                h = hooked.setdefault(id(mod), _Hooked(path, mod, rules[id(mod)][0], frozenset(), {}))
+                h.names = h.names | {lname}
+                h.params[lname] = e
+        self._entries = list(entries.values())
+        return list(hooked.values())
+
+    # ------------------------------------------------------------------ recording
+    @contextmanager
+    def record(self):
+        """Install hooks and switch weight gradients off; everything is restored in ``finally``."""
+        if self._recording:
+            raise RuntimeError("BookKeeper.record() is not re-entrant")
+        self.clear()
+        hooked = self._plan()
+        flipped = [e.param for e in self._entries if not e.fallback]
+        handles = []
+        try:
+            for p in flipped:
+                p.requires_grad_(False)
+            for h in hooked:
+                handles.append(h.module.register_forward_hook(self._hook(h), with_kwargs=True))
+            self._recording = True
+            with torch.enable_grad():
+                yield self
+        finally:
+            for hd in handles:
+                hd.remove()
+            for p in flipped:
+                p.requires_grad_(True)
+            self._recording = False
+
+    def _hook(self, h: _Hooked):
+        def hook(module, args, kwargs, output):
+            if self._batch is not None or self._in_backward:
+                return  # a call during/after backward (e.g. recomputation) is not part of the record
+            if not torch.is_grad_enabled():
+                raise RuntimeError(f"gradnorm: module '{h.path}' ({type(module).__qualname__}) ran with gradients "
+                                   "disabled inside record() (torch.no_grad or reentrant checkpointing)")
+            x = args[0] if args else next(iter(kwargs.values()), None)
+            if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor):
+                raise TypeError(f"gradnorm: module '{h.path}' ({type(module).__qualname__}) must take a tensor "
+                                f"as first input and return a tensor")
+            if not output.requires_grad:
+                output.requires_grad_(True)
+            self._records.append(_Record(h, x.detach(), output, (x._version, output._version)))
+
+        return hook
+
+    def backward(self, seq_obj: torch.Tensor) -> None:
+        """One backward pass of ``seq_obj.sum()`` ([B] per-row objectives, e.g. ``l_i``); stores contributions.
+
+        Parameter ``.grad`` fields are not touched. Row i of every activation gradient is the gradient of
+        ``seq_obj[i]`` alone, provided rows do not interact in the forward pass (true for causal LMs).
+        """
+        if seq_obj.dim() != 1:
+            raise ValueError(f"seq_obj must be [B] (one objective per row), got shape {tuple(seq_obj.shape)}")
+        if self._batch is not None:
+            raise RuntimeError("backward() was already called for this record(); call clear() and record again")
+        fb = [e for e in self._entries if e.fallback]
+        if not self._records and not fb:
+            raise RuntimeError("nothing recorded: run the forward pass inside `with book.record():`")
+        if not seq_obj.requires_grad:
+            raise ValueError("seq_obj does not depend on any trainable parameter (was the forward run inside "
+                             "record() and outside torch.no_grad()?)")
+        B = seq_obj.shape[0]
+        for r in self._records:
+            if r.x.shape[0] != B or r.y.shape[0] != B:
+                raise ValueError(f"module '{r.hooked.path}': batch dim {r.x.shape[0]}/{r.y.shape[0]} != B={B}; "
+                                 "the engine needs batch-first activations with independent rows")
+            if (r.x._version, r.y._version) != r.versions:
+                raise RuntimeError(f"module '{r.hooked.path}': its input or output was modified in place after "
+                                   "the forward hook; exact per-row gradients cannot be recovered")
+        for e in fb:  # loop fallback: one backward per row for these parameters only
+            rows = [torch.autograd.grad(seq_obj[i], e.param, retain_graph=True, allow_unused=True)[0]
+                    for i in range(B)]
+            z = torch.stack([torch.zeros_like(e.param) if g is None else g for g in rows])
+            e.contribs.append(Dense(z.float()))
+        records, self._records = self._records, []
+        self._in_backward = True
+        try:
+            grads = torch.autograd.grad(seq_obj.sum(), [r.y for r in records], allow_unused=True) if records else []
+        finally:
+            self._in_backward = False
+        for r, g in zip(records, grads):
+            if g is None:
+                continue
+            h = r.hooked
+            for lname, c in h.rule.fn(h.module, r.x, g.detach(), h.names).items():
+                h.params[lname].contribs.append(c)
+        self._batch = B
+        self._device = seq_obj.device
+
+    # ------------------------------------------------------------------ assembly
+    def _check(self, coeffs: torch.Tensor | None = None) -> int:
+        if self._batch is None:
+            raise RuntimeError("call book.backward(seq_obj) inside record() first")
+        if coeffs is not None and (coeffs.dim() != 1 or coeffs.shape[0] != self._batch):
+            raise ValueError(f"coeffs must be [B] with B={self._batch}, got shape {tuple(coeffs.shape)}")
+        return self._batch
+
+    def _assemble(self, grp: Grouping) -> torch.Tensor:
+        total = torch.zeros(grp.K, dtype=torch.float32, device=self._device)
+        for e in self._entries:
+            if e.contribs:
+                total = total + sq_norm([c.regroup(grp) for c in e.contribs], self.method)
+        return total
+
+    def sq_norms(self) -> torch.Tensor:
+        """w_i = ||s_i||^2 over all trainable parameters. [B] float32."""
+        return self._assemble(Grouping.rows(self._check()))
+
+    def group_sq_norms(self, coeffs: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """||sum_{i: group_ids[i] = k} coeffs[i] s_i||^2 for each distinct id k (sorted). [K] float32."""
+        self._check(coeffs)
+        return self._assemble(Grouping.from_groups(coeffs.to(self._device), group_ids.to(self._device)))
+
+    def accumulate_grad(self, coeffs: torch.Tensor) -> torch.Tensor:
+        """``p.grad += sum_i coeffs[i] s_i`` for every trainable parameter (``.grad`` created if None).
+
+        Returns ``||sum_i coeffs[i] s_i||^2`` (float32 scalar tensor), the squared norm of what was added.
+        """
+        self._check(coeffs)
+        grp = Grouping.single(coeffs.to(self._device))
+        sq = torch.zeros((), dtype=torch.float32, device=self._device)
+        for e in self._entries:
+            if not e.contribs:
+                continue
+            inc = materialized_sum([c.regroup(grp) for c in e.contribs])[0]
+            sq = sq + inc.pow(2).sum()
+            p = e.param
+            if p.grad is None:
+                p.grad = inc.to(p.dtype).reshape(p.shape).clone()
+            else:
+                p.grad.add_(inc.to(p.grad.dtype).reshape(p.shape))
+        return sq
+
+    def clear(self) -> None:
+        """Free every stored activation, gradient and contribution."""
+        self._records = []
+        for e in self._entries:
+            e.contribs = []
+        self._batch = None
+
+    def parameter_names(self) -> list[str]:
+        """Names of the trainable parameters (deduplicated by identity) in assembly order."""
+        return [e.name for e in self._entries]
+
+
+def sequence_grad_sq_norms(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    method: str = "auto",
+) -> torch.Tensor:
+    """w_i = ||grad_theta sum_t response_mask[i,t] log p(input_ids[i,t] | input_ids[i,<t])||^2. [B] float32.
+
+    ``method``: "auto" | "ghost" | "materialize" (one batched backward) or "loop" (one backward per row).
+    """
+    if method == "loop":
+        from .reference import loop_sequence_sq_norms
+
+        return loop_sequence_sq_norms(model, input_ids, attention_mask, response_mask)
+    book = BookKeeper(model, method=method)
+    with book.record():
+        seq_lp = sequence_logprobs(token_logprobs(model, input_ids, attention_mask), response_mask)
+        book.backward(seq_lp)
+    try:
+        return book.sq_norms()
+    finally:
+        book.clear()
