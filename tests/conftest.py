@@ -53,3 +53,12 @@ def qwen3_model():
 @pytest.fixture
 def llama_model():
     return tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def small_builtin(tmp_path_factory):
+    """The built-in model's architecture and tokenizer with a very short warm start (test-sized, seconds)."""
+    from oblr.builtin_model import build_builtin_model
+
+    return build_builtin_model(tmp_path_factory.mktemp("builtin") / "model", sft_steps=40, n_measure=8,
+                               progress=None)
