@@ -13,7 +13,7 @@ import platform
 import time
 
 from oblr.grading import GraderPool
-from oblr.grading.validate import run_validation
+from oblr.grading.validate import REQUIRED, run_validation
 
 
 def main() -> None:
@@ -27,9 +27,15 @@ def main() -> None:
     t0 = time.perf_counter()
     res = run_validation(args.benchmarks.split(",") if args.benchmarks else None, timeout=args.timeout, pool=pool)
     total = time.perf_counter() - t0
-    print(f"{'benchmark':<15}{'cases':>7}{'correct':>9}{'agreement':>11}{'seconds':>9}")
+    print(f"{'benchmark':<15}{'type':<14}{'cases':>7}{'correct':>9}{'agreement':>11}")
     for name, r in res.items():
-        print(f"{name:<15}{r['n']:>7}{r['correct']:>9}{100 * r['agreement']:>10.2f}%{r['seconds']:>9.1f}")
+        for t, (n, c) in sorted(r["by_type"].items()):
+            print(f"{name:<15}{t:<14}{n:>7}{c:>9}{100 * c / n:>10.2f}%")
+    for name, r in res.items():
+        req = [(n, c) for t, (n, c) in r["by_type"].items() if t in REQUIRED]
+        n, c = sum(x[0] for x in req), sum(x[1] for x in req)
+        print(f"{name:<15} required (gold vs reference): {c}/{n} = {100 * c / n:.2f}%   all: "
+              f"{100 * r['agreement']:.2f}%   {r['seconds']:.1f}s")
     print(f"total {total:.1f}s, {args.workers} worker(s), timeout {args.timeout}s, worker restarts {pool.restarts}, "
           f"{platform.processor() or platform.machine()}")
     for name, r in res.items():

@@ -8,8 +8,14 @@ import pytest
 from grading_cases import GSM8K_EQUIVALENT, GSM8K_NEAR_MISSES, MATH_EQUIVALENT, MATH_NEAR_MISSES
 
 from oblr.grading import GraderPool, grade, grade_detailed, grade_many
-from oblr.grading.extract import (canonical_unit, extract_gsm8k_number, last_boxed, normalize_reference,
-                                  plain_number, unit_conflict)
+from oblr.grading.extract import (
+    canonical_unit,
+    extract_gsm8k_number,
+    last_boxed,
+    normalize_reference,
+    plain_number,
+    unit_conflict,
+)
 
 
 @pytest.mark.parametrize("text,expected", [

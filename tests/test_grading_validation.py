@@ -1,7 +1,8 @@
 """Grader validation on every built-in set: gold answers / gold solutions vs the reference, >= 99.5 %.
 
-The full run takes about 20 s on a 2-core machine (see docs/grading.md and benchmarks/validate_grader.py),
-so the suite runs it in full.
+The required cases (gold answers, gold solutions, answers with units) run in full (a few seconds). The
+equivalent-rewrite stress cases take ~40 s in full, so the suite grades a fixed seeded sample of them;
+benchmarks/validate_grader.py runs everything (numbers in docs/grading.md).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from oblr.grading import GraderPool
-from oblr.grading.validate import gold_cases, run_validation
+from oblr.grading.validate import REQUIRED, STRESS, case_type, gold_cases, run_validation
 from oblr.tasks.loaders import BENCHMARKS
 
 
@@ -17,22 +18,30 @@ from oblr.tasks.loaders import BENCHMARKS
 def validation():
     pool = GraderPool(1)
     try:
-        yield run_validation(pool=pool)
+        yield (run_validation(pool=pool, types=REQUIRED),
+               run_validation(pool=pool, types=STRESS, per_benchmark=40, seed=0))
     finally:
         pool.close()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", list(BENCHMARKS))
 def test_gold_agreement_at_least_99_5_percent(validation, name):
-    r = validation[name]
-    assert r["n"] == len(gold_cases(name)) > 0
+    r = validation[0][name]
+    assert r["n"] == sum(case_type(c) in REQUIRED for c in gold_cases(name)) > 0
     assert r["agreement"] >= 0.995, r["misses"][:10]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [b for b in BENCHMARKS if b != "gsm8k"])
+def test_equivalent_rewrites_sample(validation, name):
+    # full-run exceptions (listed in docs/grading.md) are rewrites the parser reads differently, e.g. dM/dt
+    r = validation[1][name]
+    assert r["n"] > 0 and r["agreement"] >= 0.95, r["misses"]
 
 
 def test_cases_cover_answers_and_solutions():
     whats = {c.what for c in gold_cases("math500")}
-    assert whats == {"test/answer", "test/solution"}
+    assert whats == {"test/answer", "test/solution", "test/answer~form"}
     assert {c.what for c in gold_cases("gsm8k")} == {"train/answer", "train/solution", "test/answer",
                                                       "test/solution"}
     assert any(c.what == "test/answer+unit" for c in gold_cases("olympiadbench"))
@@ -42,7 +51,7 @@ def test_a_wrong_reference_breaks_agreement():
     # the validation can fail: each gold against the next row's reference agrees only where they are equal
     from oblr.grading import grade_many
 
-    cases = gold_cases("amc23")
+    cases = [c for c in gold_cases("amc23") if case_type(c) == "answer"]
     refs = [c.reference for c in cases[1:] + cases[:1]]
     res = grade_many([c.response for c in cases], refs, kind="math")
     assert [r.correct for r in res] == [c.reference == ref for c, ref in zip(cases, refs)]

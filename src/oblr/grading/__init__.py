@@ -7,7 +7,8 @@ Kinds
              else the last number. Commas, ``$``, units after the number and a trailing period are ignored.
 ``"math"``   the last ``\\boxed{}`` (nested braces), compared with the reference by math-verify (symbolic
              and numeric equivalence, fractions, radicals, intervals, tuples, sets / multiple answers in any
-             order, matrices, equations ``x=5`` vs ``5``, percent, units named by ``unit``; a different known unit, "45 hours" for 45 minutes, is wrong). Two plain
+             order, matrices, equations ``x=5`` vs ``5``, spelling differences (spaces, ``\\dfrac``,
+             ``\\left``, ``E_1`` vs ``E_{1}``: :func:`~oblr.grading.extract.canonical_latex` on both sides), percent, units named by ``unit``; a different known unit, "45 hours" for 45 minutes, is wrong). Two plain
              decimals are compared exactly here; anything else goes to a worker process
              (:mod:`oblr.grading.pool`) with a hard per-check time limit ``timeout`` (default 5 s).
              Without a box, math-verify's own extraction of the last LaTeX answer is used.
@@ -19,19 +20,37 @@ counts as wrong and is reported in :class:`GradeResult.status`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from oblr.grading.extract import (extract_gsm8k_number, last_boxed, normalize_reference, plain_number,
-                                 strip_dollars, unit_conflict)
+from oblr.grading.extract import (
+    canonical_latex,
+    extract_gsm8k_number,
+    last_boxed,
+    normalize_reference,
+    plain_number,
+    strip_dollars,
+    unit_conflict,
+)
 from oblr.grading.pool import GraderPool, default_pool
 
 KINDS = ("gsm8k", "math")
 DEFAULT_TIMEOUT = 5.0
 
-__all__ = ["GradeResult", "KINDS", "DEFAULT_TIMEOUT", "grade", "grade_detailed", "grade_many", "GraderPool",
-           "last_boxed", "extract_gsm8k_number", "normalize_reference"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "KINDS",
+    "GradeResult",
+    "GraderPool",
+    "extract_gsm8k_number",
+    "grade",
+    "grade_detailed",
+    "grade_many",
+    "last_boxed",
+    "normalize_reference",
+]
 
 
 @dataclass
@@ -49,7 +68,7 @@ def _grade_gsm8k(response: str, reference: Any) -> GradeResult:
     ref, _ = extract_gsm8k_number(str(reference))
     if ref is None:
         raise ValueError(f"gsm8k reference {str(reference)[:80]!r} holds no number")
-    value, source = extract_gsm8k_number(response)
+    value, _ = extract_gsm8k_number(response)
     if value is None:
         return GradeResult(False, None, "no_answer")
     pred = str(value.numerator) if value.denominator == 1 else f"{float(value):g}"
@@ -69,12 +88,15 @@ def _grade_math(response: str, reference: Any, unit: str | None, timeout: float,
         a, b = plain_number(boxed), plain_number(gold)
         if a is not None and b is not None:  # exact fast path for two plain decimals
             return GradeResult(a == b, boxed)
-        pred_text, pred = "\\boxed{" + boxed + "}", boxed
+        canon_pred, canon_gold = canonical_latex(boxed), canonical_latex(gold)
+        if canon_pred == canon_gold and canon_pred:  # the same LaTeX up to spelling
+            return GradeResult(True, boxed)
+        pred_text, pred = "\\boxed{" + canon_pred + "}", boxed
     else:
         if not response.strip():
             return GradeResult(False, None, "no_answer")
-        pred_text, pred = response, None
-    reply = (pool or default_pool()).check(pred_text, "\\boxed{" + gold + "}", unit, timeout)
+        pred_text, pred, canon_gold = response, None, canonical_latex(gold)
+    reply = (pool or default_pool()).check(pred_text, "\\boxed{" + canon_gold + "}", unit, timeout)
     return GradeResult(bool(reply["correct"]), pred, reply["status"], reply.get("error", ""))
 
 

@@ -124,8 +124,7 @@ def extract_gsm8k_number(text: str) -> tuple[Fraction | None, str]:
 def plain_number(s: str) -> Fraction | None:
     """Exact value when ``s`` is just a decimal numeral (``-3``, ``70.0``, ``.5``), else None."""
     s = s.strip().strip("$").strip()
-    if s.endswith("."):
-        s = s[:-1]
+    s = s.removesuffix(".")
     if len(s) > MAX_DIGITS + 2 or not _PLAIN_NUM_RE.fullmatch(s):
         return None
     neg = s.startswith("-")
@@ -191,3 +190,23 @@ def unit_conflict(pred: str, unit: str | None) -> bool:
         if got is not None and got != want:
             return True
     return False
+
+
+_CTRL_BEFORE_LETTER = re.compile(r"(\\[A-Za-z]+)\s+(?=[A-Za-z])")
+_WS = re.compile(r"\s+")
+_SUB_CHAR = re.compile(r"_([A-Za-z0-9])")
+_SUB_CMD = re.compile(r"_(\\[A-Za-z]+)")
+_LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![A-Za-z])")
+
+
+def canonical_latex(s: str) -> str:
+    """A canonical spelling of a LaTeX answer, meaning unchanged (TeX ignores spaces in math mode except
+    the one ending a control word before a letter): spaces removed (``2 i`` -> ``2i``, ``\\\\text {red}`` ->
+    ``\\\\text{red}``), ``\\\\dfrac``/``\\\\tfrac`` -> ``\\\\frac``, ``\\\\left``/``\\\\right`` dropped, one-token
+    subscripts braced (``E_1`` -> ``E_{1}``). Applied to both sides before the symbolic check. Linear time."""
+    s = _CTRL_BEFORE_LETTER.sub(lambda m: m.group(1) + "\x00", s)
+    s = _WS.sub("", s).replace("\x00", " ")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _LEFT_RIGHT.sub("", s)
+    s = _SUB_CMD.sub(r"_{\1}", s)
+    return _SUB_CHAR.sub(r"_{\1}", s)

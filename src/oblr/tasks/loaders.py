@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from oblr.grading.extract import last_boxed
 

@@ -24,8 +24,9 @@ own fields. The reward is 1.0 when :func:`oblr.grading.grade` says correct, else
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from oblr.grading import DEFAULT_TIMEOUT, grade, grade_many, normalize_reference
 from oblr.tasks.base import Example, Task, register_task

@@ -1,0 +1,270 @@
+"""Benchmark evaluation: ``evaluate(model, tokenizer, ["gsm8k", "math500"], n=4, ...)`` and ``oblr eval``.
+
+For each benchmark (a registered math task, :mod:`oblr.tasks.math`) every problem gets ``n`` samples from
+:func:`oblr.rollout.hf.generate` (greedy when ``temperature == 0``), graded by :mod:`oblr.grading`.
+With ``c_i`` correct samples out of ``n`` for problem ``i`` of ``N``:
+
+- ``pass@1 = avg@n = (1/N) sum_i c_i / n`` (mean accuracy over the n samples; the unbiased pass@1 estimate)
+- ``pass@n = (1/N) sum_i [c_i > 0]``
+- ``maj@n``: share of problems whose majority answer is correct. Votes are the extracted final answers
+  (GSM8K: the number; math: the last ``\\boxed{}`` with spaces removed); samples without an answer do not
+  vote; a tie goes to the answer seen first. Equivalent forms written differently ("0.5", "\\frac12") are
+  separate votes.
+
+Every graded sample is written to ``<output_dir>/<benchmark>.jsonl`` and the metrics to
+``<output_dir>/results.json``; a table is printed at the end and a progress line while generating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from oblr.grading import DEFAULT_TIMEOUT, grade_many
+from oblr.tasks import get_task
+from oblr.tasks.math import EVAL_BENCHMARKS
+from oblr.tasks.templates import TEMPLATES
+
+_SPACE = re.compile(r"\s+")
+
+
+def vote_key(pred: str | None) -> str | None:
+    """The majority-vote key of an extracted answer (whitespace removed); None: no vote."""
+    if pred is None:
+        return None
+    key = _SPACE.sub("", pred)
+    return key or None
+
+
+def majority_correct(keys: Sequence[str | None], correct: Sequence[bool]) -> bool:
+    """Is the most frequent answer (first seen wins a tie) correct? False when no sample has an answer."""
+    counts = Counter(k for k in keys if k is not None)
+    if not counts:
+        return False
+    top = max(counts.values())
+    for k, ok in zip(keys, correct):
+        if k is not None and counts[k] == top:
+            return bool(ok)
+    raise AssertionError("unreachable")
+
+
+def score(correct: Sequence[Sequence[bool]], keys: Sequence[Sequence[str | None]]) -> dict[str, float]:
+    """``pass@1``, ``avg@n``, ``maj@n``, ``pass@n`` from per-problem lists of sample correctness / vote keys."""
+    if not correct:
+        raise ValueError("score: no problems")
+    n = len(correct[0])
+    if n == 0 or any(len(c) != n for c in correct) or [len(k) for k in keys] != [n] * len(correct):
+        raise ValueError("score: every problem needs the same number (>= 1) of samples and keys")
+    num = len(correct)
+    acc = sum(sum(map(bool, c)) / n for c in correct) / num
+    out = {"pass@1": acc}
+    if n > 1:
+        out[f"avg@{n}"] = acc
+        out[f"maj@{n}"] = sum(majority_correct(k, c) for k, c in zip(keys, correct)) / num
+        out[f"pass@{n}"] = sum(any(c) for c in correct) / num
+    return out
+
+
+def _default_generate(model, tokenizer, prompts, **kw):
+    from oblr.rollout.hf import generate
+
+    return generate(model, tokenizer, prompts, **kw)
+
+
+def _check(n: int, temperature: float, top_p: float, max_new_tokens: int, limit, batch_size: int, template: str):
+    if n < 1:
+        raise ValueError(f"evaluate: n must be >= 1, got {n}")
+    if temperature < 0:
+        raise ValueError(f"evaluate: temperature must be >= 0 (0 = greedy), got {temperature}")
+    if temperature == 0 and n > 1:
+        raise ValueError("evaluate: n > 1 with temperature 0 gives n identical greedy samples; set --temperature")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"evaluate: top_p must be in (0, 1], got {top_p}")
+    if max_new_tokens < 1 or batch_size < 1:
+        raise ValueError("evaluate: max_new_tokens and batch_size must be >= 1")
+    if limit is not None and limit < 1:
+        raise ValueError(f"evaluate: limit must be >= 1 or None, got {limit}")
+    if template not in TEMPLATES:
+        raise ValueError(f"evaluate: unknown template {template!r}; known: {', '.join(TEMPLATES)}")
+
+
+def _parse_benchmarks(benchmarks: str | Sequence[str]) -> list[str]:
+    names = [b.strip() for b in benchmarks.split(",")] if isinstance(benchmarks, str) else list(benchmarks)
+    names = [b for b in names if b]
+    if not names:
+        raise ValueError("evaluate: no benchmarks given")
+    bad = [b for b in names if b not in EVAL_BENCHMARKS]
+    if bad:
+        raise ValueError(f"evaluate: unknown benchmark(s) {', '.join(bad)}; known: {', '.join(EVAL_BENCHMARKS)}")
+    return names
+
+
+def evaluate_benchmark(model, tokenizer, name: str, *, n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                       max_new_tokens: int = 1024, limit: int | None = None, batch_size: int = 32,
+                       template: str = "auto", seed: int = 0, timeout: float = DEFAULT_TIMEOUT,
+                       generate_fn: Callable | None = None, show_progress: bool = True,
+                       stream: TextIO | None = None) -> tuple[dict[str, Any], list[dict]]:
+    """One benchmark: ``(metrics, samples)``; samples are the graded rows (problem-major, n per problem)."""
+    from oblr.progress import progress
+
+    gen = generate_fn or _default_generate
+    task = get_task(name, template=template, tokenizer=tokenizer, limit=limit, train_limit=0, timeout=timeout)
+    examples = task.eval
+    per_call = max(1, batch_size // n)  # problems per generate call
+    chunks = [examples[i:i + per_call] for i in range(0, len(examples), per_call)]
+    if show_progress:
+        chunks = progress(chunks, total=len(chunks), desc=f"eval {name} ({len(examples)} problems x {n})",
+                          stream=stream)
+    t0 = time.perf_counter()
+    samples: list[dict] = []
+    for ci, chunk in enumerate(chunks):
+        batch = gen(model, tokenizer, [e.prompt for e in chunk], num_samples=n, max_new_tokens=max_new_tokens,
+                    temperature=temperature if temperature > 0 else 1.0, top_p=top_p, greedy=temperature == 0,
+                    batch_size=batch_size, generator_seed=seed + ci)
+        if len(batch.responses) != len(chunk) * n:
+            raise RuntimeError(f"generate returned {len(batch.responses)} responses for {len(chunk)} x {n}")
+        rows = [(e, j) for e in chunk for j in range(n)]  # prompt-major, as generate returns them
+        graded = grade_many(batch.responses, [e.answer for e, _ in rows], kind=task.kind,
+                            units=[e.meta.get("unit") for e, _ in rows], timeout=timeout)
+        lengths, finished = batch.response_lengths.tolist(), batch.finished.tolist()
+        for r, ((e, j), g) in enumerate(zip(rows, graded)):
+            samples.append({"benchmark": name, "problem": len(samples) // n, "sample": j,
+                            "line": e.meta.get("line"), "question": e.meta.get("question"), "prompt": e.prompt,
+                            "reference": e.answer, "response": batch.responses[r], "extracted": g.pred,
+                            "correct": g.correct, "status": g.status, "length": int(lengths[r]),
+                            "finished": bool(finished[r])})
+    correct = [[s["correct"] for s in samples[i:i + n]] for i in range(0, len(samples), n)]
+    keys = [[vote_key(s["extracted"]) for s in samples[i:i + n]] for i in range(0, len(samples), n)]
+    metrics: dict[str, Any] = {"problems": len(correct), "n": n, **score(correct, keys)}
+    metrics["response_length_mean"] = sum(s["length"] for s in samples) / len(samples)
+    metrics["truncated_share"] = sum(not s["finished"] for s in samples) / len(samples)
+    metrics["grading_timeouts"] = sum(s["status"] == "timeout" for s in samples)
+    metrics["seconds"] = time.perf_counter() - t0
+    return metrics, samples
+
+
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    """A plain-text table, one row per benchmark; accuracies in percent."""
+    cols = ["problems", "n"] + sorted({k for r in results.values() for k in r if "@" in k},
+                                       key=lambda k: (k.split("@")[1] != "1", k))
+    cols += ["response_length_mean", "truncated_share", "seconds"]
+    heads = {"response_length_mean": "len", "truncated_share": "trunc%", "seconds": "time(s)"}
+    w = max([9] + [len(b) for b in results]) + 2
+    lines = [f"{'benchmark':<{w}}" + "".join(f"{heads.get(c, c):>9}" for c in cols)]
+    for name, r in results.items():
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            if v is None:
+                cells.append(f"{'-':>9}")
+            elif "@" in c or c == "truncated_share":
+                cells.append(f"{100 * v:>9.1f}")
+            elif isinstance(v, float):
+                cells.append(f"{v:>9.1f}")
+            else:
+                cells.append(f"{v:>9}")
+        lines.append(f"{name:<{w}}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def evaluate(model, tokenizer, benchmarks: str | Sequence[str], *, n: int = 1, temperature: float = 0.0,
+             top_p: float = 1.0, max_new_tokens: int = 1024, limit: int | None = None, batch_size: int = 32,
+             output_dir: str | os.PathLike | None = None, template: str = "auto", seed: int = 0,
+             timeout: float = DEFAULT_TIMEOUT, generate_fn: Callable | None = None, show_progress: bool = True,
+             stream: TextIO | None = None) -> dict[str, dict[str, Any]]:
+    """Evaluate on ``benchmarks`` (names or "gsm8k,math500"); returns ``{benchmark: metrics}``.
+
+    ``n`` samples per problem at ``temperature`` (0 = greedy, needs n == 1), ``limit``: first problems of
+    each set; ``batch_size``: sequences per generate call; ``template``: see :mod:`oblr.tasks.templates`;
+    ``generate_fn``: replaces :func:`oblr.rollout.hf.generate` (same signature). Writes samples and
+    ``results.json`` under ``output_dir`` when given, and prints the table to ``stream`` (stdout).
+    """
+    _check(n, temperature, top_p, max_new_tokens, limit, batch_size, template)
+    names = _parse_benchmarks(benchmarks)
+    out_dir = Path(output_dir) if output_dir is not None else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    stream = stream or sys.stdout
+    results: dict[str, dict[str, Any]] = {}
+    for name in names:
+        metrics, samples = evaluate_benchmark(
+            model, tokenizer, name, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+            limit=limit, batch_size=batch_size, template=template, seed=seed, timeout=timeout,
+            generate_fn=generate_fn, show_progress=show_progress, stream=sys.stderr)
+        results[name] = metrics
+        if out_dir is not None:
+            _write_jsonl(out_dir / f"{name}.jsonl", samples)
+    print(format_table(results), file=stream)
+    if out_dir is not None:
+        config = {"n": n, "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
+                  "limit": limit, "batch_size": batch_size, "template": template, "seed": seed, "timeout": timeout}
+        _write_json(out_dir / "results.json", {"config": config, "results": results})
+        print(f"samples and results written to {out_dir}", file=stream)
+    return results
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+def register_cli(subparsers) -> argparse.ArgumentParser:
+    """Add ``oblr eval`` to an argparse sub-parser set; the handler is ``args.func``."""
+    p = subparsers.add_parser("eval", help="evaluate a model on math benchmarks (pass@1, avg@k, maj@k)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="checkpoint directory, hub id, or 'builtin'")
+    p.add_argument("--benchmarks", default="gsm8k,math500",
+                   help=f"comma-separated, from: {','.join(EVAL_BENCHMARKS)} (default: gsm8k,math500)")
+    p.add_argument("--n", type=int, default=1, help="samples per problem (k of avg@k / maj@k); default 1")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 = sampling")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=1024)
+    p.add_argument("--limit", type=int, default=None, help="first L problems of each benchmark")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per generate call")
+    p.add_argument("--output-dir", default=None, help="default: eval_out/<model>-<time>")
+    p.add_argument("--template", default="auto", choices=TEMPLATES,
+                   help="prompt style: chat if the tokenizer has a chat template (auto), base, chat, raw")
+    p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16; auto: bfloat16 on GPU")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; auto: cuda when available")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per symbolic check")
+    p.set_defaults(func=run_cli)
+    return p
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    import torch
+
+    from oblr.models import load_model_and_tokenizer
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+    _check(args.n, args.temperature, args.top_p, args.max_new_tokens, args.limit, args.batch_size, args.template)
+    names = _parse_benchmarks(args.benchmarks)  # before the model loads
+    out = args.output_dir
+    if out is None:
+        tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(args.model).rstrip("/").split("/")[-1]) or "model"
+        out = Path("eval_out") / f"{tag}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype, device=device)
+    evaluate(model, tokenizer, names, n=args.n, temperature=args.temperature, top_p=args.top_p,
+             max_new_tokens=args.max_new_tokens, limit=args.limit, batch_size=args.batch_size, output_dir=out,
+             template=args.template, seed=args.seed, timeout=args.timeout)
+    return 0
