@@ -6,6 +6,7 @@ Each subcommand's options live beside its implementation; this module only assem
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from oblr import __version__
@@ -84,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv is None and len(sys.argv) <= 1 else 2
     try:
         return int(args.func(args) or 0)
-    except ConfigError as e:
-        print(f"oblr: error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        # bad input: one clear line (set OBLR_DEBUG=1 for the traceback)
+        if os.environ.get("OBLR_DEBUG"):
+            raise
         print(f"oblr: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
