@@ -28,6 +28,10 @@ import torch
 
 Tensor = torch.Tensor
 
+#: an Outer is materialised once after the backward pass when its per-row gradients [K, R, C] (float32)
+#: take at most this many times the memory of its factors (see :func:`keep_dense`)
+KEEP_DENSE_SLACK = 2.0
+
 #: elements one chunk of per-sample Gram or materialised matrices may hold (float32: 256 MiB)
 CHUNK_ELEMS = 1 << 26
 
@@ -152,20 +156,38 @@ class Outer:
             out = torch.bmm(self.left.transpose(1, 2), self.right)
         return out.reshape(K, *self.shape)
 
+    def add_to(self, z: Tensor) -> None:
+        """``z += G`` in place (``z`` [K, *shape] float32): a scatter for token ids, a batched matmul otherwise."""
+        K, R, C = self.K, self.R, self.C
+        out = z.view(K, R, C)
+        if self.is_index:
+            out.scatter_add_(1, self.left[..., None].expand(-1, -1, C), self.right.float())
+        else:
+            out.baddbmm_(self.left.float().transpose(1, 2), self.right.float())
+
     def materialize_cost(self) -> int:
         return self.T * self.C * (1 if self.is_index else self.R) + self.R * self.C
 
 
 class Dense:
-    """Per-row gradients already reduced: ``z`` [K, *shape] float32."""
+    """Per-row gradients already reduced: ``z`` [K, *shape] float32.
 
-    def __init__(self, z: Tensor):
+    ``owned=True`` marks a ``z`` that no one else references (created by the engine), so contributions
+    may be added to it in place.
+    """
+
+    def __init__(self, z: Tensor, owned: bool = False):
         self.z = z.float()
         self.shape = tuple(z.shape[1:])
+        self.owned = owned
 
     def regroup(self, grp: Grouping) -> Dense:
         if grp.index is None:
             return self
+        if grp.contiguous:  # rows k*M .. k*M+M-1 form sample k: one batched matrix-vector product
+            K, M = grp.index.shape
+            out = torch.bmm(grp.scale.view(K, 1, M), self.z.reshape(K, M, -1))
+            return Dense(out.reshape(K, *self.shape))
         coeff = grp.coeff.view(-1, *([1] * len(self.shape)))
         out = torch.zeros(grp.K, *self.shape, dtype=torch.float32, device=self.z.device)
         return Dense(out.index_add_(0, grp.row_group, self.z * coeff))
@@ -230,6 +252,21 @@ def use_ghost(contribs: list[Contribution], method: str) -> bool:
     return ghost_cost(contribs) < mat
 
 
+def keep_dense(c: Contribution) -> bool:
+    """True when storing ``c`` materialised ([K, R, C] float32) takes no more memory than its factors.
+
+    Then materialising it once, right after the backward pass, is the cheapest way to serve every later
+    query: per-row norms, group norms and the weighted gradient become reductions over the stored
+    per-row gradients (``O(K R C)``) instead of a ghost Gram or a ``[K, T] x [T, R, C]`` product each time.
+    Per row: dense ``4 R C`` bytes vs factors ``T (R' + C)`` elements (``R' = 1`` for token ids).
+    """
+    if not isinstance(c, Outer):
+        return False
+    r_left = 1 if c.is_index else c.R
+    factor_bytes = c.T * (r_left * c.left.element_size() + c.C * c.right.element_size())
+    return 4 * c.R * c.C <= KEEP_DENSE_SLACK * factor_bytes
+
+
 def materialized_sum(contribs: list[Contribution]) -> Tensor:
     """[K, *shape] float32: the sum of all contributions, materialised."""
     total = contribs[0].materialize()
@@ -251,5 +288,5 @@ def sq_norm(contribs: list[Contribution], method: str) -> Tensor:
     out = []
     for k0, k1 in _chunks(K, per_item):
         m = materialized_sum([c.slice(k0, k1) for c in contribs])
-        out.append(m.reshape(k1 - k0, -1).pow(2).sum(1))
+        out.append(torch.linalg.vector_norm(m.reshape(k1 - k0, -1), dim=1).square())
     return torch.cat(out)

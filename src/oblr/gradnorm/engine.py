@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..logprobs import sequence_logprobs, token_logprobs
-from .contrib import Dense, Grouping, materialized_sum, sq_norm
+from .contrib import Dense, Grouping, keep_dense, materialized_sum, sq_norm
 from .layers import Rule, rule_for
 
 METHODS = ("auto", "ghost", "materialize")
@@ -227,14 +227,54 @@ class BookKeeper:
             grads = torch.autograd.grad(seq_obj.sum(), [r.y for r in records], allow_unused=True) if records else []
         finally:
             self._in_backward = False
-        for r, g in zip(records, grads):
+        grads = list(grads)
+        for j in reversed(range(len(records))):  # backward order: the large output-side gradients go first
+            r = records[j]
+            g, grads[j], records[j] = grads[j], None, None  # drop references as we go: frees x and g early
             if g is None:
                 continue
             h = r.hooked
             for lname, c in h.rule.fn(h.module, r.x, g.detach(), h.names).items():
-                h.params[lname].contribs.append(c)
+                self._add(h.params[lname], c)
+            del r, g
+        self._fold()
         self._batch = B
         self._device = seq_obj.device
+
+    def _add(self, e: _Entry, c) -> None:
+        """Store a contribution. Under ``method="auto"`` an Outer whose per-row gradients [B, R, C] take little
+        memory next to its factors (``contrib.keep_dense``) is materialised now, once, so that every later
+        query is a cheap reduction; dense contributions of one parameter are summed."""
+        if self.method == "auto" and keep_dense(c):
+            c = Dense(c.regroup(Grouping.rows(c.K)).materialize(), owned=True)
+        if isinstance(c, Dense):
+            for i, d in enumerate(e.contribs):
+                if isinstance(d, Dense):
+                    if d.owned:
+                        d.z.add_(c.z)
+                    else:
+                        e.contribs[i] = Dense(d.z + c.z, owned=True)
+                    return
+        e.contribs.append(c)
+
+    def _fold(self) -> None:
+        """Under ``method="auto"``: a parameter that has a dense contribution gets its Outer contributions
+        added into it (e.g. the input-embedding part of a tied embedding whose head part was kept dense):
+        no extra memory, and the queries then never need a mixed ghost/materialised assembly."""
+        if self.method != "auto":
+            return
+        for e in self._entries:
+            dense = [c for c in e.contribs if isinstance(c, Dense)]
+            if not dense or len(e.contribs) == 1:
+                continue
+            d = dense[0] if dense[0].owned else Dense(dense[0].z.clone(), owned=True)
+            for c in e.contribs:
+                if c is not dense[0]:
+                    if isinstance(c, Dense):
+                        d.z.add_(c.z)
+                    else:
+                        c.add_to(d.z)
+            e.contribs = [d]
 
     # ------------------------------------------------------------------ assembly
     def _check(self, coeffs: torch.Tensor | None = None) -> int:
