@@ -1,0 +1,211 @@
+"""Cost of one OBLR-PO update step relative to one GRPO update step, measured in the same run.
+
+    python benchmarks/step_cost.py            # the full table (4 cases, ~10 minutes on 2 shared CPU cores)
+    python benchmarks/step_cost.py --quick    # one small case, well under a minute
+    python benchmarks/step_cost.py --markdown docs/perf_table.md
+
+For each case (a random-init Qwen3-shaped model and a batch of N*G sequences) every method of
+``step_methods.py`` runs one update step: ``zero_grad``, gradient accumulation, ``AdamW.step`` (learning
+rate 0, so the model is identical for every call and every method); no generation. Per method:
+
+- **time**: median over ``--repeats`` timed calls, after one untimed warm-up call; repeats are
+  interleaved across methods (round r runs every method once, in a rotated order) so that drift on a shared
+  machine hits all methods alike. The ratio is the method's median divided by GRPO's median of the same run.
+- **peak memory**: the warm-up call runs under ``torch.profiler`` with ``profile_memory=True``; the peak is
+  the largest amount of CPU tensor memory (torch's allocator: activations, saved tensors, gradients,
+  book-keeping records, optimizer temporaries) live at any point of the call beyond what was live when it
+  started (model, optimizer state and batch excluded). Memory outside torch's allocator (Python objects,
+  BLAS scratch) is not counted.
+- **grad err**: ``||grad - grad_oblr|| / ||grad_oblr||`` of the warm-up call against the ``oblr`` method
+  (all OBLR-PO variants must compute the same gradient; GRPO uses another baseline, so "-").
+
+Results go to stdout as a table (and to ``--markdown FILE``); the last line is
+``oblr/grpo step-time ratio: X.XX`` (the first case's ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from step_methods import Case, Ctx, Method, build_batch, build_model, methods
+
+QUICK_CASES = [Case(hidden=128, layers=2, vocab=2048, prompt_len=16, response_len=64, n_prompts=4, group_size=4)]
+FULL_CASES = [
+    Case(hidden=128, layers=4, vocab=4096, prompt_len=32, response_len=64, n_prompts=8, group_size=4),
+    Case(hidden=128, layers=4, vocab=4096, prompt_len=32, response_len=256, n_prompts=8, group_size=4),
+    Case(hidden=256, layers=6, vocab=4096, prompt_len=32, response_len=64, n_prompts=8, group_size=4, tied=False),
+    Case(hidden=256, layers=6, vocab=4096, prompt_len=32, response_len=256, n_prompts=8, group_size=4, tied=False),
+    Case(hidden=128, layers=4, vocab=4096, prompt_len=32, response_len=64, n_prompts=8, group_size=4,
+         micro_batch_groups=2),
+]
+
+
+@dataclass
+class Row:
+    method: str
+    what: str
+    times: list[float] = field(default_factory=list)
+    peak_bytes: float = math.nan
+    grad_err: float = math.nan
+    error: str | None = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times) if self.times else math.nan
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    rows: list[Row]
+    n_params: int
+
+    def row(self, name: str) -> Row:
+        return next(r for r in self.rows if r.method == name)
+
+    def ratio(self, name: str) -> float:
+        return self.row(name).median / self.row("grpo").median
+
+    def mem_ratio(self, name: str) -> float:
+        return self.row(name).peak_bytes / self.row("grpo").peak_bytes
+
+
+def _peak_bytes(prof) -> float:
+    """Largest live CPU tensor memory during the profiled region, relative to its start."""
+    cur = peak = 0
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        if e.device_type() == torch.autograd.DeviceType.CPU:
+            cur += e.nbytes()
+            peak = max(peak, cur)
+    return float(peak)
+
+
+def _call(m: Method, ctx: Ctx, opt) -> float:
+    """One update step of method ``m``; returns its wall time (setup/teardown excluded)."""
+    if m.setup is not None:
+        m.setup(ctx)
+    try:
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        m.fn(ctx)
+        opt.step()
+        return time.perf_counter() - t0
+    finally:
+        if m.teardown is not None:
+            m.teardown(ctx)
+
+
+def _grads(ctx: Ctx) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+                      for p in ctx.params()])
+
+
+def run_case(case: Case, *, repeats: int = 3, only: list[str] | None = None, log=None) -> CaseResult:
+    """Warm-up (memory + gradient check) and ``repeats`` interleaved timed calls of every method on ``case``."""
+    model = build_model(case)
+    batch, rewards = build_batch(case)
+    ctx = Ctx(model, batch, rewards, max_len=case.response_len, micro_batch_groups=case.micro_batch_groups)
+    opt = torch.optim.AdamW(ctx.params(), lr=0.0)
+    opt.zero_grad(set_to_none=False)
+    for p in ctx.params():
+        p.grad = torch.zeros_like(p)
+    opt.step()  # create the optimizer state outside every measurement
+    ms = [m for m in methods() if only is None or m.name in only or m.name == "grpo"]
+    rows = {m.name: Row(m.name, m.what) for m in ms}
+    ref = None
+    for m in ms:  # warm-up: peak memory and the gradient it computes
+        r = rows[m.name]
+        try:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+                _call(m, ctx, opt)
+            r.peak_bytes = _peak_bytes(prof)
+            g = _grads(ctx)
+            if m.name == "oblr":
+                ref = g
+            if ref is not None and m.name not in ("grpo", "oblr"):
+                r.grad_err = float((g - ref).norm() / ref.norm())
+        except Exception as e:  # noqa: BLE001 -- a peer that cannot handle the model is reported, not fatal
+            r.error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        if log:
+            log(f"  warm-up {m.name}: {'failed: ' + r.error if r.error else 'ok'}")
+    live = [m for m in ms if rows[m.name].error is None]
+    for rep in range(repeats):
+        shift = rep % len(live)
+        for m in live[shift:] + live[:shift]:
+            rows[m.name].times.append(_call(m, ctx, opt))
+        if log:
+            log(f"  repeat {rep + 1}/{repeats}: " + ", ".join(f"{m.name} {rows[m.name].times[-1]:.2f}s" for m in live))
+    return CaseResult(case, [rows[m.name] for m in ms], sum(p.numel() for p in ctx.params()))
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "-" if not math.isfinite(x) else format(x, spec)
+
+
+def markdown_table(res: CaseResult) -> str:
+    lines = [f"**{res.case.name}** ({res.n_params / 1e6:.2f}M trainable parameters)", "",
+             "| method | step time (s, median) | time / GRPO | peak memory (MiB) | memory / GRPO | grad err vs oblr | what |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for r in res.rows:
+        if r.error:
+            lines.append(f"| {r.method} | - | - | - | - | - | not measured: {r.error.replace('|', '/')} |")
+            continue
+        lines.append(f"| {r.method} | {_fmt(r.median, '.3f')} | {_fmt(res.ratio(r.method), '.2f')} | "
+                     f"{_fmt(r.peak_bytes / 2**20, '.1f')} | {_fmt(res.mem_ratio(r.method), '.2f')} | "
+                     f"{_fmt(r.grad_err, '.1e')} | {r.what} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one small case (under a minute)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed calls per method (default 3; quick 3)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: steadier on a shared machine)")
+    ap.add_argument("--methods", default=None, help="comma-separated subset (grpo is always run)")
+    ap.add_argument("--cases", default=None, help="comma-separated indices into the full case list (default all)")
+    ap.add_argument("--markdown", type=Path, default=None, help="also write the tables as markdown to FILE")
+    args = ap.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    torch.set_num_threads(args.threads)
+    only = args.methods.split(",") if args.methods else None
+    known = {m.name for m in methods()}
+    if only and set(only) - known:
+        ap.error(f"unknown methods {sorted(set(only) - known)}; known: {sorted(known)}")
+    cases = QUICK_CASES if args.quick else FULL_CASES
+    if args.cases:
+        try:
+            cases = [cases[int(i)] for i in args.cases.split(",")]
+        except (ValueError, IndexError):
+            ap.error(f"--cases takes indices 0..{len(cases) - 1}, got {args.cases!r}")
+    repeats = args.repeats or 3
+    log = lambda s: print(s, file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    results = []
+    for case in cases:
+        log(f"case: {case.name}")
+        results.append(run_case(case, repeats=repeats, only=only, log=log))
+    tables = "\n\n".join(markdown_table(r) for r in results)
+    header = (f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPU cores, "
+              f"median of {repeats} interleaved repeats after 1 warm-up; total {time.perf_counter() - t0:.0f} s")
+    print(header + "\n\n" + tables)
+    if args.markdown:
+        args.markdown.write_text(header + "\n\n" + tables + "\n")
+    print(f"oblr/grpo step-time ratio: {results[0].ratio('oblr'):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

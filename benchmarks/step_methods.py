@@ -1,0 +1,293 @@
+"""The update steps compared by ``step_cost.py``: same model, same batch, same OBLR-PO gradient.
+
+Each method fills ``.grad`` of the trainable parameters for one batch (no generation) and returns the
+per-prompt squared norms ``||g_k||^2`` [N] it computed (None where it cannot); the harness adds the
+optimizer step and the timing. Every OBLR-PO variant computes the same numbers:
+
+- ``w_i = c_i^2 ||s_i||^2`` (``s_i = grad l_i``, ``c_i`` the aggregation's per-sequence factor),
+- advantages from the leave-one-out weighted baseline (``oblr.estimators``, method ``"oblr"``),
+- ``.grad = sum_i coeff_i s_i`` with ``coeff_i = -A_i c_i`` (the gradient of the policy loss),
+- ``||g_k||^2`` with ``g_k = N sum_{i in k} coeff_i s_i`` (as :func:`oblr.update.accumulate_policy_gradient`).
+
+Methods (see docs/performance.md):
+
+- ``grpo``: :func:`oblr.update.accumulate_policy_gradient`, baseline ``"grpo"``, no SNR (the plain path);
+- ``oblr``: the same function, baseline ``"oblr"``, SNR on (book-keeping: one forward, one backward);
+- ``loop``: one forward + backward per sequence (batch of one), what public reimplementations do;
+- ``two_backward``: a BookKeeper pass for the norms, then a second forward + ordinary backward;
+- ``torch_func``: ``vmap(grad(...))`` per-sample gradients over the sequences of each prompt;
+- ``opacus``: Opacus ghost clipping hooks for ``w_i`` then a second backward (retained graph).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from oblr.estimators import compute_advantages
+from oblr.gradnorm import BookKeeper
+from oblr.logprobs import (
+    forward_logits,
+    gather_logprobs,
+    position_ids_from_mask,
+    sequence_logprobs,
+    token_logprobs,
+)
+from oblr.losses import policy_loss, sequence_scale
+from oblr.update import UpdateSettings, accumulate_policy_gradient
+
+AGGREGATION = "seq_sum_const"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A random-init Qwen3-shaped model and a batch of ``N*G`` sequences of ``prompt_len + response_len`` tokens."""
+
+    hidden: int
+    layers: int
+    vocab: int
+    prompt_len: int
+    response_len: int
+    n_prompts: int
+    group_size: int
+    tied: bool = True
+    #: prompt groups per micro-batch for grpo / oblr / two_backward (0 = the whole batch, the trainer default)
+    micro_batch_groups: int = 0
+
+    @property
+    def name(self) -> str:
+        tie = "tied" if self.tied else "untied"
+        mb = (f"; micro-batches of {self.micro_batch_groups * self.group_size} sequences"
+              if self.micro_batch_groups else "")
+        return (f"hidden {self.hidden}, {self.layers} layers, vocab {self.vocab} ({tie}); "
+                f"T = {self.prompt_len}+{self.response_len}; B = {self.n_prompts}x{self.group_size}{mb}")
+
+
+def build_model(case: Case, seed: int = 0):
+    """Random-init ``Qwen3ForCausalLM`` (float32, train mode, sdpa attention): 4 heads, 2 KV heads, MLP 3x."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if case.hidden % 4:
+        raise ValueError(f"hidden must be a multiple of 4 (4 attention heads), got {case.hidden}")
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=case.vocab, hidden_size=case.hidden, intermediate_size=3 * case.hidden,
+                      num_hidden_layers=case.layers, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=case.hidden // 4, max_position_embeddings=case.prompt_len + case.response_len,
+                      tie_word_embeddings=case.tied, attn_implementation="sdpa")
+    return Qwen3ForCausalLM(cfg).float().train()
+
+
+def build_batch(case: Case, seed: int = 0):
+    """A rollout-shaped batch and rewards [N, G].
+
+    Prompts fill the first ``prompt_len`` columns (no left padding); responses are right-padded with
+    random lengths in ``[response_len/2, response_len]`` (row 0 has the full length). Rewards are 0/1 with
+    sample 0 of every group right and sample 1 wrong, so every group carries signal.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    N, G, P, L = case.n_prompts, case.group_size, case.prompt_len, case.response_len
+    B, T = N * G, P + L
+    lengths = torch.randint(max(1, L // 2), L + 1, (B,), generator=gen)
+    lengths[0] = L
+    cols = torch.arange(T)
+    am = (cols[None, :] < P + lengths[:, None]).long()
+    rm = am * (cols[None, :] >= P).long()
+    ids = torch.randint(1, case.vocab, (B, T), generator=gen) * am
+    rewards = (torch.rand(N, G, generator=gen) < 0.5).float()
+    rewards[:, 0], rewards[:, 1] = 1.0, 0.0
+    batch = SimpleNamespace(input_ids=ids, attention_mask=am, response_mask=rm, response_lengths=lengths,
+                            group_ids=torch.arange(N).repeat_interleave(G))
+    return batch, rewards
+
+
+@dataclass
+class Ctx:
+    model: torch.nn.Module
+    batch: SimpleNamespace
+    rewards: torch.Tensor  # [N, G]
+    max_len: int
+    micro_batch_groups: int = 0
+
+    @property
+    def scale(self) -> torch.Tensor:  # [B] c_i
+        return sequence_scale(self.batch.response_mask.float(), AGGREGATION, max_len=self.max_len)
+
+    def params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def _settings(ctx: Ctx, baseline: str, need_snr: bool) -> UpdateSettings:
+    return UpdateSettings(baseline=baseline, aggregation=AGGREGATION, max_len=ctx.max_len, need_snr=need_snr,
+                          micro_batch_groups=ctx.micro_batch_groups)
+
+
+def step_grpo(ctx: Ctx):
+    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "grpo", False)) \
+        .per_prompt_sq_norms
+
+
+def step_oblr(ctx: Ctx):
+    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "oblr", True)) \
+        .per_prompt_sq_norms
+
+
+def _coeffs(ctx: Ctx, sq: torch.Tensor, k0: int, k1: int) -> torch.Tensor:
+    """coeff_i = -A_i c_i for prompts k0..k1-1 from raw ``||s_i||^2`` [(k1-k0)*G]."""
+    G = ctx.rewards.shape[1]
+    c = ctx.scale[k0 * G:k1 * G]
+    lengths = ctx.batch.response_lengths[k0 * G:k1 * G].float().view(k1 - k0, G)
+    adv = compute_advantages("oblr", ctx.rewards[k0:k1], weights=(sq * c.pow(2)).view(k1 - k0, G), lengths=lengths)
+    return -adv.reshape(-1) * c
+
+
+def _per_group_from_flat(ctx: Ctx, per_group) -> torch.Tensor:
+    """Shared tail of loop/torch_func: per prompt k, ``S`` [G, P] flattened per-sequence gradients ->
+    coefficients, ``g_k``, ``.grad``. ``per_group(k)`` returns S."""
+    N = ctx.rewards.shape[0]
+    params = ctx.params()
+    total = torch.zeros(sum(p.numel() for p in params))
+    gks = []
+    for k in range(N):
+        S = per_group(k)
+        coeffs = _coeffs(ctx, (S * S).sum(1), k, k + 1)
+        gk = coeffs @ S
+        gks.append((N * gk).pow(2).sum())
+        total += gk
+    off = 0
+    for p in params:
+        g = total[off:off + p.numel()].view_as(p).to(p.dtype)
+        p.grad = g.clone() if p.grad is None else p.grad.add_(g)
+        off += p.numel()
+    return torch.stack(gks)
+
+
+def step_loop(ctx: Ctx):
+    b, G, params = ctx.batch, ctx.rewards.shape[1], ctx.params()
+
+    def per_group(k):
+        rows = []
+        for i in range(k * G, (k + 1) * G):
+            lp = sequence_logprobs(token_logprobs(ctx.model, b.input_ids[i:i + 1], b.attention_mask[i:i + 1]),
+                                   b.response_mask[i:i + 1])
+            rows.append(torch.cat([g.reshape(-1).float() for g in torch.autograd.grad(lp.sum(), params)]))
+        return torch.stack(rows)
+
+    return _per_group_from_flat(ctx, per_group)
+
+
+def step_two_backward(ctx: Ctx):
+    """Per micro-batch of whole groups: a BookKeeper pass (w_i, advantages, ||g_k||^2), then a second
+    forward and an ordinary backward of the policy loss."""
+    b, (N, G) = ctx.batch, ctx.rewards.shape
+    step = ctx.micro_batch_groups or N
+    c_all, gks = ctx.scale, []
+    for k0 in range(0, N, step):
+        k1 = min(N, k0 + step)
+        rows = slice(k0 * G, k1 * G)
+        ids, am, rm = b.input_ids[rows], b.attention_mask[rows], b.response_mask[rows]
+        book = BookKeeper(ctx.model)
+        with book.record():
+            book.backward(sequence_logprobs(gather_logprobs(forward_logits(ctx.model, ids, am), ids), rm))
+        coeffs = _coeffs(ctx, book.sq_norms(), k0, k1)
+        gks.append(book.group_sq_norms(coeffs * N, b.group_ids[rows]))
+        book.clear()
+        c = c_all[rows]
+        tok_lp = gather_logprobs(forward_logits(ctx.model, ids, am), ids)
+        loss, _ = policy_loss(tok_lp, tok_lp.detach(), coeffs / -c, rm.float(), aggregation=AGGREGATION,
+                              max_len=ctx.max_len, seq_scale=c)
+        loss.backward()
+    return torch.cat(gks)
+
+
+def step_torch_func(ctx: Ctx):
+    """Per-sample gradients with ``torch.func``; rows run without an attention mask, which is exact here
+    because the benchmark batch has no left padding and attention is causal (right padding cannot reach
+    the response tokens)."""
+    from torch.func import functional_call, grad, vmap
+
+    b, G = ctx.batch, ctx.rewards.shape[1]
+    named = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
+    params = {n: p.detach() for n, p in named}
+
+    def seq_lp(p, ids, rm):
+        logits = functional_call(ctx.model, p, (), {"input_ids": ids[None], "use_cache": False}).logits[0]
+        tok = torch.log_softmax(logits[:-1].float(), -1).gather(-1, ids[1:, None]).squeeze(-1)
+        return (tok * rm[1:]).sum()
+
+    per_sample = vmap(grad(seq_lp), in_dims=(None, 0, 0))
+
+    def per_group(k):
+        rows = slice(k * G, (k + 1) * G)
+        g = per_sample(params, b.input_ids[rows], b.response_mask[rows].float())
+        return torch.cat([g[n].reshape(G, -1).float() for n, _ in named], 1)
+
+    return _per_group_from_flat(ctx, per_group)
+
+
+class OpacusStep:
+    """Opacus ghost clipping (``GradSampleModuleFastGradientClipping``) used for ``w_i``: a backward of
+    ``sum_i l_i`` with its hooks (per-sample norms), then a second backward of ``sum_i coeff_i l_i`` on the
+    retained graph with hooks off -- Opacus's own two-pass pattern. No per-prompt norms (Opacus computes
+    per-sample norms only). ``setup``/``teardown`` wrap and unwrap the model outside the timed region."""
+
+    def __init__(self):
+        self.gsm = None
+
+    def setup(self, ctx: Ctx) -> None:
+        from opacus.grad_sample import GradSampleModuleFastGradientClipping
+
+        self.gsm = GradSampleModuleFastGradientClipping(ctx.model, batch_first=True, loss_reduction="sum",
+                                                         strict=False, use_ghost_clipping=True)
+
+    def teardown(self, ctx: Ctx) -> None:
+        if self.gsm is not None:
+            self.gsm.remove_hooks()
+            for p in ctx.model.parameters():
+                for attr in ("_norm_sample", "grad_sample", "_forward_counter"):
+                    if hasattr(p, attr):
+                        delattr(p, attr)
+            for m in ctx.model.modules():
+                for attr in ("activations", "max_batch_len"):
+                    if attr in m.__dict__:
+                        delattr(m, attr)
+            self.gsm = None
+
+    def __call__(self, ctx: Ctx):
+        b, N = ctx.batch, ctx.rewards.shape[0]
+        out = self.gsm(input_ids=b.input_ids, attention_mask=b.attention_mask,
+                       position_ids=position_ids_from_mask(b.attention_mask), use_cache=False)
+        seq_lp = sequence_logprobs(gather_logprobs(out.logits, b.input_ids), b.response_mask)
+        seq_lp.sum().backward(retain_graph=True)
+        coeffs = _coeffs(ctx, self.gsm.get_norm_sample().detach().pow(2), 0, N)
+        for p in ctx.params():
+            p.grad = None
+        self.gsm.disable_hooks()
+        try:
+            (coeffs * seq_lp).sum().backward()
+        finally:
+            self.gsm.enable_hooks()
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    fn: object  # callable(ctx) -> [N] per-prompt squared norms or None
+    what: str
+    setup: object = None
+    teardown: object = None
+
+
+def methods() -> list[Method]:
+    """Every compared method, GRPO (the denominator) first."""
+    opacus = OpacusStep()
+    return [
+        Method("grpo", step_grpo, "GRPO, plain path: 1 forward + 1 backward"),
+        Method("oblr", step_oblr, "OBLR-PO, book-keeping: 1 forward + 1 backward, w_i, ||g_k||^2"),
+        Method("loop", step_loop, "loop: 1 forward + 1 backward per sequence"),
+        Method("two_backward", step_two_backward, "BookKeeper norms pass, then forward + ordinary backward"),
+        Method("torch_func", step_torch_func, "torch.func vmap(grad) per-sample gradients per prompt"),
+        Method("opacus", opacus, "Opacus ghost clipping norms + second backward (no ||g_k||^2)",
+               opacus.setup, opacus.teardown),
+    ]
