@@ -66,8 +66,6 @@ def test_compare_runs_the_grid_labels_runs_and_writes_the_report(grid_run):
     assert "oblr-snr seed=1 | done" in (out / "report" / "grid.md").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="trainer.py computes S and V with algorithm.track_snr but logs them only "
-                                       "through the snr schedule's metrics; fix requested from the trainer owner")
 def test_track_snr_logs_S_and_V_for_constant_lr_rows(grid_run):
     _, out = grid_run
     rows = [json.loads(ln) for ln in (out / "rloo-const" / "seed0" / "metrics.jsonl").read_text().splitlines()]

@@ -175,7 +175,7 @@ def run_label(run_dir: str | os.PathLike, *, with_seed: bool = True) -> str:
     """
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)
-    seed = config_value(cfg, "seed")
+    seed = config_value(cfg, "train.seed", config_value(cfg, "seed"))
     label = cfg.get("label")
     if label is None and (run_dir / "summary.json").is_file():
         try:

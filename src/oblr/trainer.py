@@ -19,6 +19,7 @@ from oblr import checkpoint as ckpt
 from oblr.config import Config, ConfigError, config_from_dict, save_config
 from oblr.rollout.hf import generate
 from oblr.schedules import make_lr_controller
+from oblr.snr import signal_noise, snr_factor
 from oblr.tasks import get_task
 from oblr.tasks.base import RewardFailures, safe_reward
 from oblr.update import UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
@@ -251,12 +252,9 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_sq = sum((p.grad.float().pow(2).sum() for p in params if p.grad is not None),
                       torch.zeros((), device=self.device))
+        S = V = snr = None
         if res.per_prompt_sq_norms is not None:
-            from oblr.snr import signal_noise
-
             S, V, snr = signal_noise(res.per_prompt_sq_norms, grad_sq, N)
-        else:
-            S = V = None
         times["time/norms"] = time.perf_counter() - t2
 
         t3 = time.perf_counter()
@@ -279,6 +277,10 @@ class Trainer:
             self.bad_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
         metrics["optim/skipped"] = 0.0 if finite else 1.0
+        if S is not None and not self.lr_ctrl.needs_snr:  # algorithm.track_snr with a fixed schedule
+            s_, v_ = float(S), float(V)
+            metrics.update({"snr/S": s_, "snr/V": v_, "snr/snr": float(snr), "snr/n_snr": N * float(snr),
+                            "snr/factor": snr_factor(s_, v_, N)})
         metrics.update(self.lr_ctrl.metrics())
         metrics["optim/lr"] = self.lr_ctrl.get_last_lr()[0]
         times["time/update"] = time.perf_counter() - t3
