@@ -11,7 +11,11 @@ import pytest
 
 from oblr.tasks import get_task
 from oblr.tasks.arithmetic import (
-    DIFFICULTIES, ArithmeticTask, arithmetic_task, noisy_solution, parse_final_answer,
+    DIFFICULTIES,
+    ArithmeticTask,
+    arithmetic_task,
+    noisy_solution,
+    parse_final_answer,
 )
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}

@@ -1,0 +1,196 @@
+"""Rollouts with a Hugging Face causal LM: batched sampling with a KV cache, stop at EOS.
+
+Our own decoding loop over ``model(...)`` with ``past_key_values`` (not ``model.generate``): for tiny
+models on CPU the cost is per-token Python overhead, and this loop measured faster than ``generate``
+(see docs/builtin.md). Positions are derived from the attention mask exactly as in
+:func:`oblr.logprobs.position_ids_from_mask`, so left padding gives the same log-probs as the unpadded
+sequence.
+
+Output layout (see docs/architecture.md): ``[pad pad prompt | response pad]``, prompts left-padded to a
+common length ``P``, responses right-padded to the longest response ``L`` of the whole call, ``T = P + L``.
+Rows are prompt-major: row ``k * num_samples + j`` is sample ``j`` of prompt ``k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from oblr.logprobs import position_ids_from_mask
+
+
+@dataclass
+class RolloutBatch:
+    """Generated sequences of one call of :func:`generate`. ``B = len(prompts) * num_samples``."""
+
+    input_ids: torch.LongTensor  # [B, T] prompt left-padded + response right-padded
+    attention_mask: torch.LongTensor  # [B, T] 1 on prompt and response tokens (EOS included)
+    response_mask: torch.LongTensor  # [B, T] 1 on response tokens (EOS included), 0 after EOS
+    group_ids: torch.LongTensor  # [B] index of the prompt; row k*n + j
+    responses: list[str]  # decoded response text (no special tokens)
+    response_lengths: torch.LongTensor  # [B] response tokens, EOS included
+    finished: torch.BoolTensor  # [B] True if the response ended with EOS
+    prompt_length: int = 0  # P: responses start at column P; T - P = longest response of the call
+
+
+def sample_next_token(logits: torch.Tensor, *, temperature: float, top_p: float, greedy: bool,
+                      generator: torch.Generator | None) -> torch.Tensor:
+    """Next token ids [B] from logits [B, V].
+
+    Greedy: argmax. Otherwise softmax(logits / temperature), restricted to the smallest set of most likely
+    tokens whose probability reaches ``top_p`` (the top token is always kept), renormalised, sampled with
+    ``torch.multinomial`` (the global RNG, or ``generator``).
+    """
+    if greedy:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each token
+        sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def _generate_chunk(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, eos_id: int, pad_id: int,
+                    max_new_tokens: int, temperature: float, top_p: float, greedy: bool,
+                    generator: torch.Generator | None) -> torch.Tensor:
+    """Responses [b, L'] for one chunk (pad after EOS), L' <= max_new_tokens (stops when all finished)."""
+    from transformers import DynamicCache
+
+    # drop pad columns that every row of this chunk has (exact: they are masked out anyway)
+    keep = int(prompt_mask.sum(-1).max())
+    ids, mask = prompt_ids[:, -keep:], prompt_mask[:, -keep:]
+    b = ids.shape[0]
+    device = ids.device
+    cache = DynamicCache()
+    pos = position_ids_from_mask(mask)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    next_pos = pos[:, -1:] + 1
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    tokens = []
+    ones = torch.ones(b, 1, dtype=mask.dtype, device=device)
+    for step in range(max_new_tokens):
+        logits = out.logits[:, -1, :]
+        tok = sample_next_token(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
+        tok = tok.masked_fill(done, pad_id)
+        tokens.append(tok)
+        done = done | (tok == eos_id)
+        # one host sync per token to stop early; cheap next to a forward pass
+        if step + 1 == max_new_tokens or bool(done.all()):
+            break
+        mask = torch.cat([mask, ones], dim=1)
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
+                    past_key_values=out.past_key_values, use_cache=True)
+        next_pos = next_pos + 1
+    return torch.stack(tokens, dim=1)
+
+
+def _check_args(prompts, num_samples, max_new_tokens, temperature, top_p, batch_size) -> None:
+    if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
+        raise TypeError("generate: prompts must be a list of strings")
+    if len(prompts) == 0:
+        raise ValueError("generate: prompts is empty")
+    if num_samples < 1:
+        raise ValueError(f"generate: num_samples must be >= 1, got {num_samples}")
+    if max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not temperature > 0:
+        raise ValueError(f"generate: temperature must be > 0 (use greedy=True for argmax), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"generate: batch_size must be >= 1 or None, got {batch_size}")
+
+
+def generate(model, tokenizer, prompts: list[str], *, num_samples: int = 1, max_new_tokens: int = 64,
+             temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False, batch_size: int | None = None,
+             generator_seed: int | None = None,
+             progress: Callable[[int, int], None] | None = None) -> RolloutBatch:
+    """Sample ``num_samples`` responses per prompt; see :class:`RolloutBatch` for the layout.
+
+    Rows are processed in chunks of ``batch_size`` (all rows at once when None). Sampling draws from
+    torch's global RNG unless ``generator_seed`` is given (then from a private generator seeded with it,
+    leaving the global RNG untouched). ``progress(rows_done, rows_total)`` is called after each chunk.
+    The model is put in eval mode for the call and its previous mode restored.
+    """
+    _check_args(prompts, num_samples, max_new_tokens, temperature, top_p, batch_size)
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    if eos_id is None:
+        raise ValueError("generate: the tokenizer has no eos_token_id")
+    if pad_id is None:
+        pad_id = eos_id
+    device = next(model.parameters()).device
+    enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    for k, e in enumerate(enc):
+        if len(e) == 0:
+            raise ValueError(f"generate: prompt {k} encodes to no tokens: {prompts[k]!r}")
+    n, g = len(prompts), num_samples
+    p_len = max(len(e) for e in enc)
+    prompt_ids = torch.full((n, p_len), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, p_len), dtype=torch.long)
+    for k, e in enumerate(enc):
+        prompt_ids[k, p_len - len(e):] = torch.tensor(e, dtype=torch.long)
+        prompt_mask[k, p_len - len(e):] = 1
+    rows_ids = prompt_ids.repeat_interleave(g, dim=0).to(device)
+    rows_mask = prompt_mask.repeat_interleave(g, dim=0).to(device)
+    total = n * g
+    bs = total if batch_size is None else batch_size
+    gen = None
+    if generator_seed is not None:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int(generator_seed))
+
+    was_training = model.training
+    model.eval()
+    chunks = []
+    try:
+        for start in range(0, total, bs):
+            sl = slice(start, min(start + bs, total))
+            chunks.append(_generate_chunk(
+                model, rows_ids[sl], rows_mask[sl], eos_id=eos_id, pad_id=pad_id,
+                max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, greedy=greedy,
+                generator=gen))
+            if progress is not None:
+                progress(sl.stop, total)
+    finally:
+        model.train(was_training)
+
+    return _assemble(chunks, rows_ids, rows_mask, tokenizer, eos_id=eos_id, pad_id=pad_id, num_samples=g)
+
+
+def _assemble(chunks: list[torch.Tensor], rows_ids: torch.Tensor, rows_mask: torch.Tensor, tokenizer, *,
+              eos_id: int, pad_id: int, num_samples: int) -> RolloutBatch:
+    """Pad chunk responses to a common length and build the masks."""
+    total, device = rows_ids.shape[0], rows_ids.device
+    width = max(c.shape[1] for c in chunks)
+    resp = torch.full((total, width), pad_id, dtype=torch.long, device=device)
+    row = 0
+    for c in chunks:
+        resp[row:row + c.shape[0], :c.shape[1]] = c
+        row += c.shape[0]
+    is_eos = resp == eos_id
+    finished = is_eos.any(-1)
+    cols = torch.arange(width, device=device)
+    first_eos = torch.where(finished, is_eos.long().argmax(-1), torch.full_like(finished, width, dtype=torch.long))
+    # length counts tokens up to and including the first EOS; unfinished rows use every column
+    lengths = torch.where(finished, first_eos + 1, torch.full_like(first_eos, width))
+    resp_mask = (cols[None, :] < lengths[:, None]).long()
+    resp = torch.where(resp_mask.bool(), resp, torch.full_like(resp, pad_id))
+    texts = tokenizer.batch_decode([r[:int(n_)].tolist() for r, n_ in zip(resp.cpu(), lengths.cpu())],
+                                   skip_special_tokens=True)
+    p_len = rows_ids.shape[1]
+    batch = RolloutBatch(
+        input_ids=torch.cat([rows_ids, resp], dim=1),
+        attention_mask=torch.cat([rows_mask, resp_mask], dim=1),
+        response_mask=torch.cat([torch.zeros_like(rows_mask), resp_mask], dim=1),
+        group_ids=torch.arange(total, device=device) // num_samples,
+        responses=list(texts),
+        response_lengths=lengths,
+        finished=finished,
+        prompt_length=p_len,
+    )
+    return batch
