@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from oblr.tasks.base import Example, Task, register_task
 
