@@ -1,5 +1,6 @@
 """method="auto" keeps per-row gradients dense after the backward when they are small next to their factors
-(long sequences): norms, group norms and the weighted gradient from those must match the loop (rtol 1e-4)."""
+(long sequences), and accumulate_grad_with_group_norms fuses the weighted gradient with the group norms:
+norms, group norms and the weighted gradient must match the loop (rtol 1e-4)."""
 
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ def test_keep_dense_rule():
     assert not keep_dense(ids)  # an embedding table is never materialised per row for short inputs
 
 
-@pytest.mark.parametrize("resp", [14, 40])
+@pytest.mark.parametrize("resp", [24, 60])
 def test_tied_qwen3_long_sequences_match_loop(resp):
-    """resp=14: head kept dense, input-embedding ids folded into it; resp=40: both kept and summed."""
+    """resp=24: head kept dense, input-embedding ids folded into it; resp=60: both kept and summed."""
     model = tiny_qwen3()
     B = 6
     ids, am, rm = make_batch(model.config.vocab_size, [3, 5, 2, 4, 1, 3], [resp, resp - 3, resp - 1, 5, resp, 2],
@@ -67,13 +68,36 @@ def test_tied_qwen3_long_sequences_match_loop(resp):
     total = book.accumulate_grad(coeffs)
     for p, w in zip(params, want):
         assert torch.allclose(p.grad, w, rtol=TOL, atol=1e-5 * w.abs().max())
+        p.grad = None
     assert rel_err(total, sum(w.pow(2).sum() for w in want)) < TOL
     assert B == len(book.sq_norms())
+    _check_fused(model, ids, am, rm, book, coeffs, torch.tensor([0, 0, 1, 1, 2, 2]), want)
+
+
+def _check_fused(model, ids, am, rm, book, coeffs, gid, want):
+    gk = book.accumulate_grad_with_group_norms(coeffs, gid)
+    assert rel_err(gk, loop_group_sq_norms(model, ids, am, rm, coeffs, gid)) < TOL
+    for p, w in zip(trainable_parameters(model), want):
+        assert torch.allclose(p.grad, w, rtol=TOL, atol=1e-5 * w.abs().max())
+        p.grad = None
+
+
+@pytest.mark.parametrize("gid", [[0, 0, 1, 1, 2, 2], [2, 0, 2, 1, 0, 0], [3, 3, 3, 3, 3, 3]])
+def test_fused_group_norms_and_grad_short_sequences_match_loop(gid):
+    """Short sequences: nothing kept dense (ghost/materialised factors); groups contiguous or not, or one."""
+    model = tiny_qwen3()
+    ids, am, rm = make_batch(model.config.vocab_size, [3, 5, 2, 4, 1, 3], [4, 2, 5, 3, 6, 1], seed=14)
+    coeffs = torch.tensor([0.5, -1.0, 2.0, 0.0, -0.3, 1.2])
+    want = loop_weighted_grad(model, ids, am, rm, coeffs)
+    for method in ("auto", "ghost", "materialize"):
+        book = _record(model, ids, am, rm, method=method)
+        assert "Dense" not in _kinds(book, "model.layers.0.mlp.up_proj.weight")
+        _check_fused(model, ids, am, rm, book, coeffs, torch.tensor(gid), want)
 
 
 def test_untied_llama_with_biases_long_sequences_match_loop():
     model = tiny_llama()
-    ids, am, rm = make_batch(model.config.vocab_size, [2, 4, 3, 1], [30, 12, 25, 6], left_pad=False, seed=12)
+    ids, am, rm = make_batch(model.config.vocab_size, [2, 4, 3, 1], [40, 12, 25, 6], left_pad=False, seed=12)
     book = _record(model, ids, am, rm)
     assert _kinds(book, "lm_head.weight") == ["Dense"]
     assert _kinds(book, "model.layers.1.self_attn.q_proj.bias") == ["Dense"]
@@ -81,11 +105,16 @@ def test_untied_llama_with_biases_long_sequences_match_loop():
     coeffs = torch.tensor([1.0, -0.5, 0.25, 2.0])
     g = torch.tensor([0, 0, 1, 1])
     assert rel_err(book.group_sq_norms(coeffs, g), loop_group_sq_norms(model, ids, am, rm, coeffs, g)) < TOL
-    for p in trainable_parameters(model):  # accumulate onto an existing .grad
-        p.grad = torch.ones_like(p)
-    book.accumulate_grad(coeffs)
-    for p, w in zip(trainable_parameters(model), loop_weighted_grad(model, ids, am, rm, coeffs)):
-        assert torch.allclose(p.grad, w + 1, rtol=TOL, atol=1e-5 * (w.abs().max() + 1))
+    want = loop_weighted_grad(model, ids, am, rm, coeffs)
+    for fused in (False, True):
+        for p in trainable_parameters(model):  # accumulate onto an existing .grad
+            p.grad = torch.ones_like(p)
+        if fused:
+            book.accumulate_grad_with_group_norms(coeffs, g)
+        else:
+            book.accumulate_grad(coeffs)
+        for p, w in zip(trainable_parameters(model), want):
+            assert torch.allclose(p.grad, w + 1, rtol=TOL, atol=1e-5 * (w.abs().max() + 1))
 
 
 def test_forced_methods_never_keep_dense():

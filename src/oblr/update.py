@@ -107,10 +107,11 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
         coeffs = -adv.reshape(-1).to(torch.float32) * c_mb  # d loss / d l_i
 
         if book is not None:
-            book.accumulate_grad(coeffs)
-            if settings.need_snr:
+            if settings.need_snr:  # .grad and ||g_k||^2 (g_k = N sum_{i in k} coeffs_i s_i) from one pass
                 local_groups = torch.arange(k1 - k0, device=coeffs.device).repeat_interleave(G)
-                gks.append(book.group_sq_norms(coeffs * N, local_groups))
+                gks.append(book.accumulate_grad_with_group_norms(coeffs, local_groups) * (N * N))
+            else:
+                book.accumulate_grad(coeffs)
             loss_sum = loss_sum + (coeffs * seq_lp.detach()).sum()
             book.clear()
         else:

@@ -30,7 +30,12 @@ Tensor = torch.Tensor
 
 #: an Outer is materialised once after the backward pass when its per-row gradients [K, R, C] (float32)
 #: take at most this many times the memory of its factors (see :func:`keep_dense`)
-KEEP_DENSE_SLACK = 2.0
+KEEP_DENSE_SLACK = 1.0
+
+#: cost-model weight of one element written and read by a memory-bound pass, in multiply-adds (a batched
+#: matmul does several multiply-adds per element moved; zero-filling, scattering into and reducing a
+#: per-sample [R, C] matrix does not)
+MEMORY_COST = 8
 
 #: elements one chunk of per-sample Gram or materialised matrices may hold (float32: 256 MiB)
 CHUNK_ELEMS = 1 << 26
@@ -166,7 +171,8 @@ class Outer:
             out.baddbmm_(self.left.float().transpose(1, 2), self.right.float())
 
     def materialize_cost(self) -> int:
-        return self.T * self.C * (1 if self.is_index else self.R) + self.R * self.C
+        """Multiply-adds of the product plus ``MEMORY_COST`` per element of the [R, C] result (written, read)."""
+        return self.T * self.C * (1 if self.is_index else self.R) + MEMORY_COST * self.R * self.C
 
 
 class Dense:
@@ -224,21 +230,50 @@ def _left_gram(a: Outer, b: Outer) -> Tensor:
     return torch.bmm(a.left, b.left.transpose(1, 2))
 
 
-def ghost_inner(a: Outer, b: Outer) -> Tensor:
+class GramCache:
+    """Per-sample Grams ``right right^T`` [k, T, T] of the last right factor seen, by chunk.
+
+    Parameters that read the same input (q/k/v projections, gate/up projections: the same ``x`` tensor)
+    are assembled one after another, so remembering one tensor's Grams saves recomputing ``x x^T``.
+    Keyed by storage and layout; use one cache per assembly pass, while the factors are alive.
+    """
+
+    def __init__(self):
+        self._key = None
+        self._tensor: Tensor | None = None  # held so that its memory cannot be reused by another tensor
+        self._grams: dict[tuple[int, int], Tensor] = {}
+
+    def gram(self, t: Tensor, k0: int, k1: int) -> Tensor:
+        key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+        if key != self._key:
+            self._key, self._tensor, self._grams = key, t, {}
+        g = self._grams.get((k0, k1))
+        if g is None:
+            tc = t[k0:k1]
+            g = self._grams[(k0, k1)] = torch.bmm(tc, tc.transpose(1, 2))
+        return g
+
+
+def ghost_inner(a: Outer, b: Outer, cache: GramCache | None = None) -> Tensor:
     """<G_a[k], G_b[k]> = sum_{t,s} (left_a,t . left_b,s)(right_a,t . right_b,s). [K] float32."""
     out = []
     for k0, k1 in _chunks(a.K, 2 * a.T * b.T):
         ac, bc = a.slice(k0, k1), b.slice(k0, k1)
-        gr = torch.bmm(ac.right, bc.right.transpose(1, 2))
-        out.append((_left_gram(ac, bc) * gr).sum((1, 2)))
+        if cache is not None and a.right is b.right:
+            gr = cache.gram(a.right, k0, k1)
+        else:
+            gr = torch.bmm(ac.right, bc.right.transpose(1, 2))
+        lg = _left_gram(ac, bc)
+        out.append(torch.linalg.vecdot(lg.reshape(k1 - k0, -1), gr.reshape(k1 - k0, -1)))
     return torch.cat(out)
 
 
 def ghost_cost(contribs: list[Outer]) -> int:
+    """Multiply-adds of the Gram products plus ``MEMORY_COST`` per element of the [T, T] Grams."""
     cost = 0
     for a in contribs:
         for b in contribs:
-            cost += a.T * b.T * ((1 if a.is_index or b.is_index else a.R) + a.C)
+            cost += a.T * b.T * ((1 if a.is_index or b.is_index else a.R) + a.C + MEMORY_COST)
     return cost
 
 
@@ -275,13 +310,30 @@ def materialized_sum(contribs: list[Contribution]) -> Tensor:
     return total
 
 
-def sq_norm(contribs: list[Contribution], method: str) -> Tensor:
+def grouped_sums(contribs: list[Contribution], grp: Grouping) -> tuple[Tensor, Tensor]:
+    """Materialise each sample's sum ``M_k = sum_c G_c[k]`` in chunks of samples.
+
+    Returns ``(sq, total)``: ``sq[k] = ||M_k||^2`` [K] and ``total = sum_k M_k`` [*shape], both float32.
+    For ``Grouping.from_groups`` the total is the weighted gradient over all rows, so group norms and the
+    weighted gradient come from one pass (for an Outer: one ``[R, M T] x [M T, C]`` product per group, the
+    same work as the ordinary weight gradient).
+    """
+    regrouped = [c.regroup(grp) for c in contribs]
+    sq, total = [], None
+    for k0, k1 in _chunks(grp.K, _numel(regrouped[0].shape)):
+        m = materialized_sum([c.slice(k0, k1) for c in regrouped]).reshape(k1 - k0, -1)
+        sq.append(torch.linalg.vector_norm(m, dim=1).square())
+        total = m.sum(0) if total is None else total + m.sum(0)
+    return torch.cat(sq), total.reshape(regrouped[0].shape)
+
+
+def sq_norm(contribs: list[Contribution], method: str, cache: GramCache | None = None) -> Tensor:
     """||sum_c G_c[k]||^2 for each sample k, [K] float32, by ghost pairs or materialisation in chunks."""
     if use_ghost(contribs, method):
         total = 0
         for i, a in enumerate(contribs):
             for b in contribs[i:]:
-                total = total + (1 if a is b else 2) * ghost_inner(a, b)
+                total = total + (1 if a is b else 2) * ghost_inner(a, b, cache)
         return total
     K = contribs[0].K
     per_item = _numel(contribs[0].shape)

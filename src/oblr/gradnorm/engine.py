@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..logprobs import sequence_logprobs, token_logprobs
-from .contrib import Dense, Grouping, keep_dense, materialized_sum, sq_norm
+from .contrib import Dense, GramCache, Grouping, grouped_sums, keep_dense, materialized_sum, sq_norm
 from .layers import Rule, rule_for
 
 METHODS = ("auto", "ghost", "materialize")
@@ -286,9 +286,10 @@ class BookKeeper:
 
     def _assemble(self, grp: Grouping) -> torch.Tensor:
         total = torch.zeros(grp.K, dtype=torch.float32, device=self._device)
+        cache = GramCache()  # q/k/v (and gate/up) share their input: its Gram is computed once
         for e in self._entries:
             if e.contribs:
-                total = total + sq_norm([c.regroup(grp) for c in e.contribs], self.method)
+                total = total + sq_norm([c.regroup(grp) for c in e.contribs], self.method, cache)
         return total
 
     def sq_norms(self) -> torch.Tensor:
@@ -313,11 +314,26 @@ class BookKeeper:
                 continue
             inc = materialized_sum([c.regroup(grp) for c in e.contribs])[0]
             sq = sq + inc.pow(2).sum()
-            p = e.param
-            if p.grad is None:
-                p.grad = inc.to(p.dtype).reshape(p.shape).clone()
-            else:
-                p.grad.add_(inc.to(p.grad.dtype).reshape(p.shape))
+            _add_grad(e.param, inc)
+        return sq
+
+    def accumulate_grad_with_group_norms(self, coeffs: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """``p.grad += sum_i coeffs[i] s_i`` and the group norms, from one pass over the records.
+
+        Returns ``||sum_{i: group_ids[i] = k} coeffs[i] s_i||^2`` for each distinct id k (sorted), [K] float32:
+        the same numbers as :meth:`group_sq_norms` and the same ``.grad`` as :meth:`accumulate_grad`, but the
+        weighted gradient is assembled as the sum of the materialised per-group sums, so the group norms
+        need no pass of their own (``contrib.grouped_sums``).
+        """
+        self._check(coeffs)
+        grp = Grouping.from_groups(coeffs.to(self._device), group_ids.to(self._device))
+        sq = torch.zeros(grp.K, dtype=torch.float32, device=self._device)
+        for e in self._entries:
+            if not e.contribs:
+                continue
+            e_sq, inc = grouped_sums(e.contribs, grp)
+            sq = sq + e_sq
+            _add_grad(e.param, inc)
         return sq
 
     def clear(self) -> None:
@@ -330,6 +346,14 @@ class BookKeeper:
     def parameter_names(self) -> list[str]:
         """Names of the trainable parameters (deduplicated by identity) in assembly order."""
         return [e.name for e in self._entries]
+
+
+def _add_grad(p: nn.Parameter, inc: torch.Tensor) -> None:
+    """``p.grad += inc`` (created if None), in the parameter's dtype."""
+    if p.grad is None:
+        p.grad = inc.to(p.dtype).reshape(p.shape).clone()
+    else:
+        p.grad.add_(inc.to(p.grad.dtype).reshape(p.shape))
 
 
 def sequence_grad_sq_norms(
