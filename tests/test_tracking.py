@@ -222,10 +222,10 @@ def test_progress_display_tty_rewrites_one_line():
     assert "\n" not in text and text.count("\r") == 3
     frames = text.split("\r")[1:]
     assert frames[0] == "step 1/10 | reward 0.250 | lr 3.00e-04 | snr 0.125 | 1.50 s/step | ETA 14s"
-    assert frames[1].startswith("step 2/10 | reward 0.500 | eval 0.450 | 2.00 s/step | ETA 16s")
+    assert frames[1].startswith("step 2/10 | reward 0.500 | eval 0.400 (greedy 0.450) | 2.00 s/step | ETA 16s")
     # the last eval is remembered; a shorter line is padded to erase the previous one
-    assert frames[2].rstrip() == "step 3/10 | reward 0.750 | eval 0.450 | 2.00 s/step | ETA 14s"
-    assert len(frames[1]) == len(frames[0]) > len(frames[1].rstrip())
+    assert frames[2].rstrip() == "step 3/10 | reward 0.750 | eval 0.400 (greedy 0.450) | 2.00 s/step | ETA 14s"
+    assert len(frames[2]) == len(frames[1])
     disp.close()
     assert out.getvalue().endswith("\n")
 

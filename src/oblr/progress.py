@@ -17,7 +17,7 @@ __all__ = ["ProgressDisplay", "format_duration", "progress"]
 
 # metric keys shown by ProgressDisplay, first present wins (docs/architecture.md)
 _REWARD_KEYS = ("train/reward_mean",)
-_EVAL_KEYS = ("eval/accuracy_greedy", "eval/accuracy_sampled")
+_EVAL_KEYS = ("eval/accuracy_sampled", "eval/accuracy_greedy")
 _LR_KEYS = ("optim/lr", "snr/lr")
 _SNR_KEYS = ("snr/snr",)
 
@@ -108,6 +108,7 @@ class ProgressDisplay:
         self._t0: float | None = None
         self._step0: int | None = None
         self._eval: float | None = None
+        self._greedy: float | None = None
         self._clock = time.monotonic
 
     def seconds_per_step(self, step: int, metrics: dict) -> float | None:
@@ -124,7 +125,7 @@ class ProgressDisplay:
         if reward is not None:
             parts.append(f"reward {reward:.3f}")
         if self._eval is not None:
-            parts.append(f"eval {self._eval:.3f}")
+            parts.append(f"eval {self._eval:.3f}" + (f" (greedy {self._greedy:.3f})" if self._greedy is not None else ""))
         lr = _first(metrics, _LR_KEYS)
         if lr is not None:
             parts.append(f"lr {lr:.2e}")
@@ -142,6 +143,7 @@ class ProgressDisplay:
         acc = _first(metrics, _EVAL_KEYS)
         if acc is not None:
             self._eval = acc
+            self._greedy = metrics.get("eval/accuracy_greedy") if "eval/accuracy_sampled" in metrics else None
         sps = self.seconds_per_step(step, metrics)
         if step % self.every == 0 or step >= self.total:
             self._line.write(self.format(step, metrics, sps))
