@@ -53,7 +53,7 @@ class TaskConfig:
 class RolloutConfig:
     group_size: int = opt(8, "G: sampled outputs per prompt")
     prompts_per_step: int = opt(16, "N: prompts per training step (N*G sequences per step)")
-    max_new_tokens: int = opt(48, "generation length limit")
+    max_new_tokens: int = opt(32, "generation length limit")
     temperature: float = opt(1.0, "sampling temperature for training rollouts")
     top_p: float = opt(1.0, "nucleus sampling threshold")
     batch_size: int = opt(256, "sequences generated per batch")
@@ -80,7 +80,8 @@ class OptimConfig:
     optimizer: str = opt("adamw", "adamw | sgd")
     lr: float = opt(1e-3, "peak learning rate (eta_max of the SNR rule, or the constant/cosine peak)")
     eta_min: float = opt(0.0, "learning-rate floor")
-    snr_ema: float = opt(0.0, "EMA factor for S and V in the SNR rule (0 = current batch only, as the paper)")
+    snr_ema: float = opt(0.9, "EMA factor for S and V in the SNR rule (0 = current batch only, as in the paper; "
+                                    "the per-batch estimate is noisy at small N, see docs/algorithm.md)")
     warmup_steps: int = opt(0, "linear warm-up steps")
     weight_decay: float = opt(0.0, "AdamW weight decay")
     betas: list = opt([0.9, 0.99], "AdamW betas")
@@ -90,13 +91,13 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = opt(60, "training steps")
+    steps: int = opt(200, "training steps")
     seed: int = opt(0, "seed for data order, sampling and initialisation")
     output_dir: str = opt("", "run folder (default: runs/<time>-<baseline>-<schedule>)")
-    eval_every: int = opt(10, "evaluate every this many steps (and at the start and the end); 0 = only at the end")
+    eval_every: int = opt(25, "evaluate every this many steps (and at the start and the end); 0 = only at the end")
     eval_samples: int = opt(4, "samples per held-out prompt for the sampled accuracy")
     eval_greedy: bool = opt(True, "also measure greedy accuracy")
-    save_every: int = opt(10, "checkpoint every this many steps (and at the end); 0 = only at the end")
+    save_every: int = opt(50, "checkpoint every this many steps (and at the end); 0 = only at the end")
     keep_checkpoints: int = opt(2, "how many recent checkpoints to keep")
     max_bad_steps: int = opt(5, "stop after this many consecutive steps skipped for NaN/Inf")
     tensorboard: bool = opt(False, "also log to TensorBoard")
