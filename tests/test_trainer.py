@@ -170,3 +170,19 @@ def test_help_lists_config_keys(capsys):
     assert "algorithm.lr_schedule" in capsys.readouterr().out
 
 
+
+
+def test_malformed_data_names_file_and_line_before_model_loads(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"\n')
+    import oblr.models
+
+    def no_model(*a, **k):
+        raise AssertionError("the model must not load before the data is validated")
+
+    monkeypatch.setattr(oblr.models, "load_model_and_tokenizer", no_model)
+    rc = main(["train", "task.name=math_data", f"task.options={{train: {data}, eval: {data}}}",
+               "rollout.prompts_per_step=2", "--output-dir", str(tmp_path / "run"), "--quiet"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"{data}:2" in err
