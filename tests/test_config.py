@@ -55,7 +55,7 @@ def test_bad_yaml_file(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if not p.name.startswith("grid")))
 def test_shipped_recipes_load_and_validate(name):
     cfg = load_config(ROOT / "configs" / name)
     assert cfg.rollout.group_size >= 2
