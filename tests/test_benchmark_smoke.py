@@ -21,8 +21,10 @@ ALL = [m.name for m in methods()]
 
 
 @pytest.fixture(autouse=True)
-def _restore_threads():
+def _one_thread():
+    """One thread, as the benchmark runs (steadier on a loaded machine); restored afterwards."""
     n = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
 

@@ -9,14 +9,7 @@ import torch
 from conftest import tiny_llama, tiny_qwen3
 from gradnorm_helpers import make_batch, rel_err
 
-from oblr.gradnorm import (
-    BookKeeper,
-    Dense,
-    Outer,
-    loop_group_sq_norms,
-    loop_sequence_sq_norms,
-    loop_weighted_grad,
-)
+from oblr.gradnorm import BookKeeper, Dense, Outer, loop_per_sequence_grads
 from oblr.gradnorm.contrib import keep_dense
 from oblr.gradnorm.reference import trainable_parameters
 from oblr.logprobs import forward_logits, gather_logprobs, sequence_logprobs
@@ -29,6 +22,25 @@ def _record(model, ids, am, rm, method="auto"):
     with book.record():
         book.backward(sequence_logprobs(gather_logprobs(forward_logits(model, ids, am), ids), rm))
     return book
+
+
+class Loop:
+    """The one-backward-per-sequence reference (``loop_per_sequence_grads``), run once per batch; the same
+    formulas as ``loop_sequence_sq_norms`` / ``loop_group_sq_norms`` / ``loop_weighted_grad``."""
+
+    def __init__(self, model, ids, am, rm):
+        self.grads = loop_per_sequence_grads(model, ids, am, rm)  # [B][param]
+
+    def sq_norms(self):
+        return torch.stack([sum(g.pow(2).sum() for g in row) for row in self.grads])
+
+    def weighted(self, coeffs, rows=None):
+        rows = range(len(self.grads)) if rows is None else rows
+        return [sum(coeffs[i] * self.grads[i][j] for i in rows) for j in range(len(self.grads[0]))]
+
+    def group_sq_norms(self, coeffs, gid):
+        return torch.stack([sum(w.pow(2).sum() for w in self.weighted(coeffs, (gid == k).nonzero().flatten()))
+                            for k in torch.unique(gid)])
 
 
 def _kinds(book, name):
@@ -57,42 +69,48 @@ def test_tied_qwen3_long_sequences_match_loop(resp):
     book = _record(model, ids, am, rm)
     assert _kinds(book, "model.embed_tokens.weight") == ["Dense"]  # one dense tensor for the tied weight
     assert _kinds(book, "model.layers.0.mlp.up_proj.weight") == ["Dense"]
-    assert rel_err(book.sq_norms(), loop_sequence_sq_norms(model, ids, am, rm)) < TOL
+    ref = Loop(model, ids, am, rm)
+    assert rel_err(book.sq_norms(), ref.sq_norms()) < TOL
 
     coeffs = torch.tensor([0.5, -1.0, 2.0, 0.0, -0.3, 1.2])
     params = trainable_parameters(model)
-    want = loop_weighted_grad(model, ids, am, rm, coeffs)
+    want = ref.weighted(coeffs)
     for gid in ([0, 0, 1, 1, 2, 2], [2, 0, 2, 1, 0, 0]):  # contiguous (batched) and interleaved groups
         g = torch.tensor(gid)
-        assert rel_err(book.group_sq_norms(coeffs, g), loop_group_sq_norms(model, ids, am, rm, coeffs, g)) < TOL
+        assert rel_err(book.group_sq_norms(coeffs, g), ref.group_sq_norms(coeffs, g)) < TOL
     total = book.accumulate_grad(coeffs)
     for p, w in zip(params, want):
         assert torch.allclose(p.grad, w, rtol=TOL, atol=1e-5 * w.abs().max())
         p.grad = None
     assert rel_err(total, sum(w.pow(2).sum() for w in want)) < TOL
     assert B == len(book.sq_norms())
-    _check_fused(model, ids, am, rm, book, coeffs, torch.tensor([0, 0, 1, 1, 2, 2]), want)
+    _check_fused(model, ref, book, coeffs, torch.tensor([0, 0, 1, 1, 2, 2]))
 
 
-def _check_fused(model, ids, am, rm, book, coeffs, gid, want):
+def _check_fused(model, ref, book, coeffs, gid):
     gk = book.accumulate_grad_with_group_norms(coeffs, gid)
-    assert rel_err(gk, loop_group_sq_norms(model, ids, am, rm, coeffs, gid)) < TOL
-    for p, w in zip(trainable_parameters(model), want):
+    assert rel_err(gk, ref.group_sq_norms(coeffs, gid)) < TOL
+    for p, w in zip(trainable_parameters(model), ref.weighted(coeffs)):
         assert torch.allclose(p.grad, w, rtol=TOL, atol=1e-5 * w.abs().max())
         p.grad = None
 
 
-@pytest.mark.parametrize("gid", [[0, 0, 1, 1, 2, 2], [2, 0, 2, 1, 0, 0], [3, 3, 3, 3, 3, 3]])
-def test_fused_group_norms_and_grad_short_sequences_match_loop(gid):
-    """Short sequences: nothing kept dense (ghost/materialised factors); groups contiguous or not, or one."""
+@pytest.fixture(scope="module")
+def short_batch():
     model = tiny_qwen3()
     ids, am, rm = make_batch(model.config.vocab_size, [3, 5, 2, 4, 1, 3], [4, 2, 5, 3, 6, 1], seed=14)
+    return model, ids, am, rm, Loop(model, ids, am, rm)
+
+
+@pytest.mark.parametrize("gid", [[0, 0, 1, 1, 2, 2], [2, 0, 2, 1, 0, 0], [3, 3, 3, 3, 3, 3]])
+def test_fused_group_norms_and_grad_short_sequences_match_loop(gid, short_batch):
+    """Short sequences: nothing kept dense (ghost/materialised factors); groups contiguous or not, or one."""
+    model, ids, am, rm, ref = short_batch
     coeffs = torch.tensor([0.5, -1.0, 2.0, 0.0, -0.3, 1.2])
-    want = loop_weighted_grad(model, ids, am, rm, coeffs)
     for method in ("auto", "ghost", "materialize"):
         book = _record(model, ids, am, rm, method=method)
         assert "Dense" not in _kinds(book, "model.layers.0.mlp.up_proj.weight")
-        _check_fused(model, ids, am, rm, book, coeffs, torch.tensor(gid), want)
+        _check_fused(model, ref, book, coeffs, torch.tensor(gid))
 
 
 def test_untied_llama_with_biases_long_sequences_match_loop():
@@ -101,11 +119,12 @@ def test_untied_llama_with_biases_long_sequences_match_loop():
     book = _record(model, ids, am, rm)
     assert _kinds(book, "lm_head.weight") == ["Dense"]
     assert _kinds(book, "model.layers.1.self_attn.q_proj.bias") == ["Dense"]
-    assert rel_err(book.sq_norms(), loop_sequence_sq_norms(model, ids, am, rm)) < TOL
+    ref = Loop(model, ids, am, rm)
+    assert rel_err(book.sq_norms(), ref.sq_norms()) < TOL
     coeffs = torch.tensor([1.0, -0.5, 0.25, 2.0])
     g = torch.tensor([0, 0, 1, 1])
-    assert rel_err(book.group_sq_norms(coeffs, g), loop_group_sq_norms(model, ids, am, rm, coeffs, g)) < TOL
-    want = loop_weighted_grad(model, ids, am, rm, coeffs)
+    assert rel_err(book.group_sq_norms(coeffs, g), ref.group_sq_norms(coeffs, g)) < TOL
+    want = ref.weighted(coeffs)
     for fused in (False, True):
         for p in trainable_parameters(model):  # accumulate onto an existing .grad
             p.grad = torch.ones_like(p)
