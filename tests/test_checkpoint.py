@@ -1,8 +1,8 @@
 import pytest
 import torch
+from conftest import tiny_qwen3
 
 from oblr import checkpoint as ckpt
-from conftest import tiny_qwen3
 
 
 def _state():

@@ -9,7 +9,7 @@ Every controller is built by ``make_lr_controller(name, optimizer, cfg, total_st
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 _SCHEDULES: dict[str, Callable] = {}
 

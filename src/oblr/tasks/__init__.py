@@ -5,6 +5,6 @@ names: ``arithmetic`` (generated, see :mod:`oblr.tasks.arithmetic`), and the mat
 ``../shared/data`` (see :mod:`oblr.tasks.math`).
 """
 
-from oblr.tasks.base import Example, Task, get_task, register_task, available_tasks, safe_reward
+from oblr.tasks.base import Example, Task, available_tasks, get_task, register_task, safe_reward
 
 __all__ = ["Example", "Task", "get_task", "register_task", "available_tasks", "safe_reward"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 # modules that register tasks when imported; imported lazily by get_task/available_tasks
 _TASK_MODULES = ("oblr.tasks.arithmetic", "oblr.tasks.math")

@@ -99,8 +99,7 @@ def _iter_rows(path: Path) -> Iterator[tuple[int, Any]]:
             import pyarrow.parquet as pq
         except ImportError as e:  # pragma: no cover - dependency missing
             raise ImportError("reading Parquet needs pyarrow: pip install 'oblr[data]'") from e
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
-            yield i, row
+        yield from enumerate(pq.read_table(path).to_pylist(), start=1)
     elif suffix == ".json":
         with open(path, encoding="utf-8") as f:
             text = f.read()
