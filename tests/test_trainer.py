@@ -186,3 +186,25 @@ def test_malformed_data_names_file_and_line_before_model_loads(tmp_path, capsys,
     assert rc == 2
     err = capsys.readouterr().err
     assert f"{data}:2" in err
+
+
+def test_math_task_prompts_use_the_models_chat_template_like_oblr_eval(small_builtin, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path / "chat-model"
+    shutil.copytree(small_builtin, model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>"
+    tok.save_pretrained(model_dir)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"question": "{i}+1?", "answer": "{i + 1}"}}\n' for i in range(4)))
+    cfg = load_config(None, [f"model.name_or_path={model_dir}", "task.name=math_data", "rollout.prompts_per_step=2",
+                             f"task.options={{train: {data}, eval: {data}, kind: gsm8k}}",
+                             f"train.output_dir={tmp_path / 'run'}"])
+    trainer = Trainer(cfg, quiet=True)
+    trainer._setup()
+    trainer.logger.close()
+    assert trainer.task.train[0].prompt.startswith("<|user|>0+1?")
+    assert trainer.eval_examples[0].prompt.endswith("<|assistant|>")

@@ -21,7 +21,7 @@ from oblr.rollout.hf import generate
 from oblr.schedules import make_lr_controller
 from oblr.snr import signal_noise, snr_factor
 from oblr.tasks import get_task
-from oblr.tasks.base import RewardFailures, safe_reward
+from oblr.tasks.base import RewardFailures, safe_reward, task_accepts
 from oblr.update import UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
 
 # config keys that may differ between a run and its resumption (everything else must match)
@@ -112,6 +112,11 @@ class Trainer:
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype,
                                                               device=str(self.device),
                                                               trust_remote_code=cfg.model.trust_remote_code)
+        if task_accepts(cfg.task.name, "tokenizer") and "tokenizer" not in cfg.task.options:
+            # prompts rendered with the model's chat template when the task's template asks for it ("auto"),
+            # exactly as `oblr eval` renders them; the data was already validated above
+            self.task = get_task(cfg.task.name, **cfg.task.options, tokenizer=self.tokenizer)
+            self.eval_examples = self.task.eval[: cfg.task.eval_size]
         if cfg.model.lora_rank > 0:
             self.model = self._wrap_lora(self.model)
         self.ref_model = None

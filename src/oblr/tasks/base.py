@@ -70,6 +70,15 @@ def get_task(name: str, **options) -> Task:
     return _REGISTRY[name](**options)
 
 
+def task_accepts(name: str, option: str) -> bool:
+    """Whether the factory of task ``name`` takes the keyword ``option`` (e.g. ``tokenizer``)."""
+    import inspect
+
+    _load_builtin_modules()
+    factory = _REGISTRY.get(name)
+    return factory is not None and option in inspect.signature(factory).parameters
+
+
 class RewardFailures:
     """Counts reward-function failures so that the trainer can log them."""
 
