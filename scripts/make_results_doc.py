@@ -1,6 +1,7 @@
 """Generate docs/results.md from a finished grid and a proxy study (numbers and plots come from the runs).
 
     oblr compare --config configs/grid-paper-checks.yaml --jobs 2 train.threads=1
+    oblr report runs/grid-paper-checks --out runs/grid-paper-checks/report --accuracy-key eval/accuracy_sampled
     oblr proxy-study --checkpoints runs/grid-paper-checks/oblr-const/seed0 --out runs/proxy-study
     python scripts/make_results_doc.py runs/grid-paper-checks runs/proxy-study --reading docs/results_reading.md
 
@@ -50,6 +51,7 @@ def main(argv=None) -> int:
         "",
         "```",
         f"oblr compare --config configs/grid-paper-checks.yaml {args.grid_args}".rstrip(),
+        f"oblr report {args.grid_dir} --out {args.grid_dir}/report --accuracy-key eval/accuracy_sampled --no-run-plots",
         f"oblr proxy-study --checkpoints {args.grid_dir}/oblr-const/seed0 --out {args.proxy_dir}",
         f"python scripts/make_results_doc.py {args.grid_dir} {args.proxy_dir} --reading docs/results_reading.md",
         "```",
