@@ -48,6 +48,16 @@ class UpdateResult:
     metrics: dict
 
 
+# per-output weights w_i by the source an estimator declares (``get_estimator(name).weights``):
+# f(book, logits, input_ids, response_mask, seq_scale) -> [b]
+_WEIGHT_SOURCES = {
+    # squared norm of the per-sequence gradient the chosen aggregation produces: c_i^2 ||s_i||^2
+    "exact": lambda book, logits, ids, rm, c: book.sq_norms() * c.pow(2),
+    "logit_energy": lambda book, logits, ids, rm, c: logit_energy_weights(logits.detach(), ids, rm),
+    "length": lambda book, logits, ids, rm, c: length_weights(rm),
+}
+
+
 def _micro_batches(n_prompts: int, group_size: int, groups_per_mb: int):
     step = groups_per_mb if groups_per_mb > 0 else n_prompts
     for k0 in range(0, n_prompts, step):
@@ -95,12 +105,8 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
         ent_sum = ent_sum + _entropy_sum(logits, rm_mb)
 
         weights = None
-        if source == "exact":
-            weights = (book.sq_norms() * c_mb.pow(2)).view(k1 - k0, G)
-        elif source == "logit_energy":
-            weights = logit_energy_weights(logits.detach(), ids[rows], rm_mb).view(k1 - k0, G)
-        elif source == "length":
-            weights = length_weights(rm_mb).view(k1 - k0, G)
+        if source is not None:
+            weights = _WEIGHT_SOURCES[source](book, logits, ids[rows], rm_mb, c_mb).view(k1 - k0, G)
         adv, m = compute_advantages(settings.baseline, r_mb, weights=weights, lengths=lengths[k0:k1],
                                     return_metrics=True, **settings.baseline_options)
         est_metrics.append((k1 - k0, m))
