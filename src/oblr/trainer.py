@@ -19,7 +19,6 @@ from oblr import checkpoint as ckpt
 from oblr.config import Config, ConfigError, config_from_dict, save_config
 from oblr.rollout.hf import generate
 from oblr.schedules import make_lr_controller
-from oblr.snr import signal_noise, snr_factor
 from oblr.tasks import get_task
 from oblr.tasks.base import RewardFailures, safe_reward, task_accepts
 from oblr.update import UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
@@ -130,12 +129,7 @@ class Trainer:
             self.optimizer = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum)
         self.lr_ctrl = make_lr_controller(cfg.algorithm.lr_schedule, self.optimizer, lr=o.lr, eta_min=o.eta_min,
                                           warmup_steps=o.warmup_steps, total_steps=cfg.train.steps, ema=o.snr_ema)
-        a = cfg.algorithm
-        self.settings = UpdateSettings(
-            baseline=a.baseline, baseline_options=dict(a.baseline_options), aggregation=a.aggregation,
-            max_len=a.max_len or cfg.rollout.max_new_tokens, need_snr=self.lr_ctrl.needs_snr or a.track_snr,
-            norms_method=a.norms_method, micro_batch_groups=a.micro_batch_groups, clip_eps=a.clip_eps,
-            kl_coef=a.kl_coef)
+        self.settings = UpdateSettings.from_config(cfg, schedule_needs_snr=self.lr_ctrl.needs_snr)
         self.start_step, self.best = 0, {}
         self.history: dict = {"eval": []}
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -255,11 +249,7 @@ class Trainer:
                                          ref_model=self.ref_model)
         metrics = dict(res.metrics)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_sq = sum((p.grad.float().pow(2).sum() for p in params if p.grad is not None),
-                      torch.zeros((), device=self.device))
-        S = V = snr = None
-        if res.per_prompt_sq_norms is not None:
-            S, V, snr = signal_noise(res.per_prompt_sq_norms, grad_sq, N)
+        grad_sq = res.grad_sq_norm
         times["time/norms"] = time.perf_counter() - t2
 
         t3 = time.perf_counter()
@@ -267,14 +257,13 @@ class Trainer:
         metrics["optim/grad_norm"] = grad_sq.sqrt()
         if finite:
             self.bad_steps = 0
-            self.lr_ctrl.step(S, V, N)
+            self.lr_ctrl.step(res.snr)
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
             self.optimizer.step()
             for _ in range(cfg.algorithm.epochs - 1):
                 self.optimizer.zero_grad(set_to_none=True)
-                metrics.update(accumulate_clipped_gradient(self.model, batch, res.advantages, res.old_logprobs,
-                                                           self.settings, ref_model=self.ref_model))
+                metrics.update(accumulate_clipped_gradient(self.model, batch, res, self.settings))
                 if cfg.optim.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
                 self.optimizer.step()
@@ -282,10 +271,8 @@ class Trainer:
             self.bad_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
         metrics["optim/skipped"] = 0.0 if finite else 1.0
-        if S is not None and not self.lr_ctrl.needs_snr:  # algorithm.track_snr with a fixed schedule
-            s_, v_ = float(S), float(V)
-            metrics.update({"snr/S": s_, "snr/V": v_, "snr/snr": float(snr), "snr/n_snr": N * float(snr),
-                            "snr/factor": snr_factor(s_, v_, N)})
+        if res.snr is not None and not self.lr_ctrl.needs_snr:  # algorithm.track_snr with a fixed schedule
+            metrics.update(res.snr.metrics())
         metrics.update(self.lr_ctrl.metrics())
         metrics["optim/lr"] = self.lr_ctrl.get_last_lr()[0]
         times["time/update"] = time.perf_counter() - t3
