@@ -88,7 +88,7 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     use_book = source == "exact" or settings.need_snr
     book = BookKeeper(model, method=settings.norms_method) if use_book else None
 
-    advs, old_lps, gks, est_metrics = [], [], [], []
+    advs, old_lps, gks, ws, est_metrics = [], [], [], [], []
     loss_sum = rmf.new_zeros(())
     ent_sum = rmf.new_zeros(())
     for k0, k1, rows in _micro_batches(N, G, settings.micro_batch_groups):
@@ -109,7 +109,9 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
             weights = _WEIGHT_SOURCES[source](book, logits, ids[rows], rm_mb, c_mb).view(k1 - k0, G)
         adv, m = compute_advantages(settings.baseline, r_mb, weights=weights, lengths=lengths[k0:k1],
                                     return_metrics=True, **settings.baseline_options)
-        est_metrics.append((k1 - k0, m))
+        est_metrics.append(m)
+        if weights is not None:
+            ws.append(weights.detach())
         coeffs = -adv.reshape(-1).to(torch.float32) * c_mb  # d loss / d l_i
 
         if book is not None:
@@ -130,7 +132,14 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
         old_lps.append(tok_lp.detach())
         del logits, tok_lp
 
-    metrics = _merge_metrics(est_metrics, N)
+    metrics = est_metrics[0]
+    if len(est_metrics) > 1:  # spreads across prompts need the whole batch: per-micro-batch values averaged
+        # would be 0 with one group per micro-batch. Advantages are per group, so this recomputation over the
+        # whole batch gives the applied ones (up to the guard's scale, the mean weight of the micro-batch);
+        # the fallback count is the one applied.
+        _, metrics = compute_advantages(settings.baseline, rewards, weights=torch.cat(ws) if ws else None,
+                                        lengths=lengths, return_metrics=True, **settings.baseline_options)
+        metrics["baseline/fallback_count"] = sum(m["baseline/fallback_count"] for m in est_metrics)
     metrics["optim/loss"] = loss_sum
     metrics["train/entropy"] = ent_sum / rmf.sum().clamp(min=1)
     result = UpdateResult(torch.cat(advs), torch.cat(old_lps), torch.cat(gks) if gks else None, metrics)
@@ -174,13 +183,3 @@ def _accumulate_kl(model, ref_model, batch, settings: UpdateSettings) -> dict:
     kl = (k3.sum(-1) * scale).sum()
     (settings.kl_coef * kl).backward()
     return {"actor/kl": k3.detach().sum() / rmf.sum().clamp(min=1)}  # token-mean k3, as policy_loss logs it
-
-
-def _merge_metrics(parts: list[tuple[int, dict]], n_total: int) -> dict:
-    """Average per-micro-batch estimator metrics weighted by their number of prompts (counts are summed)."""
-    out: dict = {}
-    for n, m in parts:
-        for k, v in m.items():
-            w = 1.0 if k.endswith("count") else n / n_total
-            out[k] = out.get(k, 0.0) + v * w
-    return out
