@@ -64,7 +64,7 @@ def _close(actual, expected, rtol=RTOL, what=""):
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_qwen3(seed=2)
+    return tiny_qwen3(layers=1, seed=2)  # tied embeddings; one layer is enough for the wiring checked here
 
 
 def _run(model, batch, rewards, **settings):
@@ -108,7 +108,7 @@ def test_plain_path_step_matches_per_sequence_reference(model, aggregation):
     batch = _batch(model.config.vocab_size, seed=4)
     ref = reference(model, batch, REWARDS, aggregation, "rloo")
     whole = None
-    for micro in MICRO:
+    for micro in (0, 2):
         res, grad = _run(model, batch, REWARDS, baseline="rloo", aggregation=aggregation, need_snr=False,
                          micro_batch_groups=micro)
         assert res.per_prompt_sq_norms is None  # the plain path was taken
@@ -118,8 +118,9 @@ def test_plain_path_step_matches_per_sequence_reference(model, aggregation):
         _same_metrics(res.metrics, whole)
 
 
-@pytest.mark.parametrize("aggregation", AGGREGATIONS)
-@pytest.mark.parametrize("baseline,need_snr", [("grpo", False), ("rloo", True), ("oblr_self", True)])
+@pytest.mark.parametrize("baseline,need_snr,aggregation", [("grpo", False, "seq_sum_const"),
+                                                          ("rloo", True, "token_mean"),
+                                                          ("oblr_self", True, "seq_mean")])
 def test_micro_batches_give_the_whole_batch_step(model, aggregation, baseline, need_snr):
     """Micro-batches of whole groups (1 and 2 groups, an uneven split) against the whole batch at once:
     same gradient, advantages, per-prompt norms (so S and V), and batch-level metrics. Needs no optional
@@ -141,8 +142,7 @@ def test_micro_batches_give_the_whole_batch_step(model, aggregation, baseline, n
         _same_metrics(part.metrics, whole.metrics)
 
 
-@pytest.mark.parametrize("micro", [0, 2])
-def test_later_epoch_uses_the_rollout_logprobs(model, micro):
+def test_later_epoch_uses_the_rollout_logprobs(model):
     """Epoch 2: the clipped importance-weighted loss with ratios against the ROLLOUT log-probs, at moved
     parameters (ratios far from 1, some clipped), equals the reference loss's autograd gradient."""
     import copy
@@ -150,13 +150,13 @@ def test_later_epoch_uses_the_rollout_logprobs(model, micro):
     m = copy.deepcopy(model)
     batch = _batch(m.config.vocab_size, seed=6)
     settings = UpdateSettings(baseline="oblr", aggregation="seq_mean", max_len=MAX_LEN, need_snr=True,
-                              micro_batch_groups=micro, clip_eps=0.2)
+                              micro_batch_groups=2, clip_eps=0.2)
     m.zero_grad(set_to_none=True)
     first = accumulate_policy_gradient(m, batch, REWARDS, settings)
     with torch.no_grad():  # move the policy (a deterministic perturbation standing in for epoch 1's step)
         gen = torch.Generator().manual_seed(0)
         for p in m.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+            p.add_(0.2 * torch.randn(p.shape, generator=gen))
     m.zero_grad(set_to_none=True)
     metrics = accumulate_clipped_gradient(m, batch, first.advantages, first.old_logprobs, settings)
     got = flat_grad(m)
