@@ -1,4 +1,5 @@
-"""An independent reference for one training step (shared by test_update_reference.py and test_train_signal.py).
+"""An independent reference for one training step (shared by core/test_update_reference.py and
+train/test_train_signal.py).
 
 Written from the definitions in SPEC.md and docs/algorithm.md, sharing no code with :mod:`oblr.update`,
 :mod:`oblr.estimators`, :mod:`oblr.losses`, :mod:`oblr.snr` or :mod:`oblr.schedules`: per-sequence gradients

@@ -173,7 +173,7 @@ def test_overrides_may_not_set_seed_and_the_cli_reports_config_errors(tmp_path, 
 def test_shipped_paper_grid_is_valid():
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "grid-paper-checks.yaml"
+    path = Path(__file__).resolve().parents[2] / "configs" / "grid-paper-checks.yaml"
     grid = load_grid(path)
     assert len(grid.seeds) >= 3
     names = {v.name for v in grid.variants}

@@ -4,7 +4,7 @@ import pytest
 
 from oblr.config import ConfigError, config_help, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_validate():

@@ -124,7 +124,7 @@ def test_plain_path_step_matches_per_sequence_reference(model, aggregation):
 def test_micro_batches_give_the_whole_batch_step(model, aggregation, baseline, need_snr):
     """Micro-batches of whole groups (1 and 2 groups, an uneven split) against the whole batch at once:
     same gradient, advantages, per-prompt norms (so S and V), and batch-level metrics. Needs no optional
-    package (the opacus comparison in test_benchmark_smoke.py is skipped without it)."""
+    package (the opacus comparison in tests/scripts/test_benchmark_smoke.py is skipped without it)."""
     batch = _batch(model.config.vocab_size, seed=5)
     whole, g_whole = _run(model, batch, REWARDS, baseline=baseline, aggregation=aggregation, need_snr=need_snr)
     assert g_whole.norm() > 0
