@@ -9,8 +9,10 @@ gradient of the per-row objective
 
 (``l_i`` the sequence log-likelihood, ``c_i`` the aggregation factor of :func:`oblr.losses.sequence_scale`,
 ``KL_i`` the k3 KL to the frozen reference of :func:`oblr.losses.sequence_kl`, present when
-``kl_coef > 0``). ``optim/loss`` is ``sum_i obj_i`` on every path. Two paths, chosen by what the estimator
-and the schedule need, never by a method name:
+``kl_coef > 0``). ``optim/loss`` is ``sum_i obj_i`` on every path, and the estimator metrics
+(``baseline/*``, ``adv/*``, ``weights/*``) describe the whole batch's applied advantages and weights
+whatever the micro-batch split. Two paths, chosen by what the estimator and the schedule need, never by a
+method name:
 
 - book-keeping path (exact weights or SNR statistics needed): the forward runs inside
   :meth:`oblr.gradnorm.BookKeeper.record`; ONE backward of ``sum_i l_i`` gives ``w_i = c_i^2 ||s_i||^2``;
