@@ -75,6 +75,18 @@ def test_build_is_deterministic(built, tmp_path):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+def test_build_leaves_the_callers_random_state_alone(tmp_path):
+    # a training run seeds, then builds the model on first use: its rollouts must not depend on the cache
+    import random
+
+    torch.manual_seed(123)
+    random.seed(123)
+    before_t, before_r = torch.get_rng_state(), random.getstate()
+    bm.build_builtin_model(tmp_path / "m", seed=0, **TINY)
+    assert torch.equal(torch.get_rng_state(), before_t)
+    assert random.getstate() == before_r
+
+
 def test_builtin_name_resolves_to_cache_and_builds_once(tmp_path, monkeypatch):
     monkeypatch.setenv("OBLR_CACHE_DIR", str(tmp_path))
     target = tmp_path / "models" / "tiny-arith-v1"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -161,8 +162,22 @@ def build_builtin_model(out_dir: str | os.PathLike, *, seed: int = 0, sft_steps:
     """Build, warm-start, measure and save the built-in model into ``out_dir`` atomically; return it.
 
     Deterministic given ``seed`` (on one machine and thread count). ``sft_steps=0`` saves the random init.
-    When ``out_dir`` already holds a complete build (and not ``overwrite``), nothing is done.
+    When ``out_dir`` already holds a complete build (and not ``overwrite``), nothing is done. The caller's
+    random state (torch CPU generator and Python's ``random``) is left as it was, so a training run that
+    builds the model on first use draws the same rollouts as one that loads it from the cache.
     """
+    state = random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            return _build(out_dir, seed=seed, sft_steps=sft_steps, batch_size=batch_size, lr=lr,
+                          digit_noise=digit_noise, n_train=n_train, n_measure=n_measure, progress=progress,
+                          overwrite=overwrite)
+        finally:
+            random.setstate(state)
+
+
+def _build(out_dir, *, seed, sft_steps, batch_size, lr, digit_noise, n_train, n_measure, progress,
+           overwrite) -> Path:
     from transformers import Qwen3ForCausalLM
 
     from oblr.models.tokenizer import build_tokenizer
