@@ -200,7 +200,7 @@ class SNRLearningRate:
             self.n_skipped += 1
             return self.get_last_lr()
         self.steps += 1
-        S, V = self._smooth(max(S, 0.0), V)
+        S, V = self._smooth(S, V)  # average the unclamped estimates, clamp the averages
         S, V = max(S, 0.0), max(V, 0.0)
         factor = snr_factor(S, V, int(n))
         warm = min(1.0, self.steps / self.warmup_steps) if self.warmup_steps else 1.0
