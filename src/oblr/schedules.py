@@ -98,7 +98,8 @@ class CosineSchedule(_StepSchedule):
 
 @register_schedule("snr")
 class SNRSchedule:
-    """OBLR-PO: lr = eta_max * S / (S + V/n) (see :class:`oblr.snr.SNRLearningRate`)."""
+    """OBLR-PO: lr = eta_max * S / (S + V/n) (see :class:`oblr.snr.SNRLearningRate`); with ``ema > 0`` the
+    controller averages the step's unclamped ``stats.signal`` and V, then clamps."""
 
     needs_snr = True
 
