@@ -9,7 +9,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from oblr.estimators import compute_advantages
 from oblr.gradnorm import BookKeeper, sequence_grad_sq_norms
 from oblr.logprobs import forward_logits, gather_logprobs, sequence_logprobs
-from oblr.snr import SNRLearningRate, signal_noise
+from oblr.snr import SNRLearningRate, snr_statistics
 
 torch.manual_seed(0)
 model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -44,8 +44,9 @@ book.accumulate_grad(coeffs)                                 # .grad = sum_i coe
 per_prompt = book.group_sq_norms(coeffs * N, group_ids)      # ||g_k||^2 with mean_k g_k = .grad
 book.clear()
 grad_sq = sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None)
-S, V, snr = signal_noise(per_prompt, grad_sq, N)
-lr_ctrl.step(S, V, N)
+st = snr_statistics(per_prompt, grad_sq, N)                 # S, V, SNR and the unclamped signal
+lr_ctrl.step(st.signal, st.V, N)                             # the unclamped signal (what an EMA averages)
+S, V, snr = st.S, st.V, st.snr
 optimizer.step()
 print("advantages:\n", adv)
 print(f"S={float(S):.3g} V={float(V):.3g} SNR={float(snr):.3g} lr={lr_ctrl.get_last_lr()[0]:.3g} "

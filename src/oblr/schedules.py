@@ -98,7 +98,8 @@ class CosineSchedule(_StepSchedule):
 
 @register_schedule("snr")
 class SNRSchedule:
-    """OBLR-PO: lr = eta_max * S / (S + V/n) (see :class:`oblr.snr.SNRLearningRate`)."""
+    """OBLR-PO: lr = eta_max * S / (S + V/n) (see :class:`oblr.snr.SNRLearningRate`); with ``ema > 0`` the
+    controller averages the step's unclamped ``stats.signal`` and V, then clamps."""
 
     needs_snr = True
 
@@ -108,7 +109,7 @@ class SNRSchedule:
     def step(self, stats: SNRStats | None = None) -> None:
         if stats is None:
             raise ValueError("the snr schedule needs the step's SNR statistics (compute them: needs_snr is True)")
-        self.inner.step(stats.S, stats.V, stats.n)
+        self.inner.step(stats.signal, stats.V, stats.n)  # unclamped: the EMA averages it
 
     def get_last_lr(self) -> list[float]:
         return self.inner.get_last_lr()

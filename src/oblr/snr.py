@@ -14,8 +14,10 @@ of one step and their mean gbar (the step's gradient):
 Only the ratio matters for the step size, so the g_k may carry any common scale; what matters is that
 gbar = (1/N) sum_k g_k. If a backward pass yields per-prompt *contributions* h_k with g = sum_k h_k, then
 g_k = N h_k. Conventions where the maths is undefined (never NaN):
-V = 0 -> SNR = inf when S > 0, 0 when S = 0; S = V = 0 -> factor 0 (no signal: the rule takes no step;
-``eta_min`` still applies).
+V = 0 -> SNR = inf when S > 0, 0 when S = 0; S = V = 0 -> factor 0 (:func:`snr_factor`). In the
+controller (:class:`SNRLearningRate`) a step with S = V = 0 gives factor 0 (lr = ``eta_min``) only without
+EMA history (``ema = 0`` or the first update); with history it is averaged in and the factor stays the
+previous step's (both averages shrink by the same ratio).
 """
 
 from __future__ import annotations
@@ -137,16 +139,22 @@ def snr_metrics(S: float, V: float, n: int) -> dict[str, float]:
 class SNRLearningRate:
     """Sets every param group's lr to ``warm(t) * max(eta_min, eta_max * S / (S + V/n))`` each step.
 
-    Call ``step(S, V, n)`` once per optimizer step, BEFORE ``optimizer.step()``, with the statistics of
-    the gradient about to be applied (S, V: floats or 0-d tensors; n: prompts in the step).
+    Call ``step(signal, V, n)`` once per optimizer step, BEFORE ``optimizer.step()``, with the statistics of
+    the gradient about to be applied (floats or 0-d tensors; n: prompts in the step). Pass the UNCLAMPED
+    signal estimate (``SNRStats.signal``); a clamped S gives the same lr when ``ema = 0`` but biases an EMA
+    upward.
 
     - ``eta_max``: a float (every group), a list (one per group) or None: each group's initial lr
       (``group["initial_lr"]`` if set, else its ``lr``), which makes the rule a multiplier of the
       optimizer's lr (the AdamW use).
     - ``eta_min``: absolute lr floor (applied before warm-up), so that training never stalls.
-    - ``ema``: in [0, 1); when > 0, S and V are exponential moving averages with bias correction
-      ``avg / (1 - ema^k)`` after k accepted updates. V is averaged unclamped (unbiased estimates stay
-      unbiased) and clamped at 0 afterwards; S is clamped at 0 before averaging.
+    - ``ema``: in [0, 1); when > 0, the signal and V are exponential moving averages with bias correction
+      ``avg / (1 - ema^k)`` after k accepted updates. Both are averaged unclamped (averages of unbiased
+      estimates stay unbiased) and clamped at 0 afterwards: S = max(avg signal, 0), V = max(avg V, 0).
+    - S = V = 0 in a step (every g_k = 0): factor 0, lr = ``eta_min``, when there is no EMA history
+      (``ema = 0`` or the first update); with history both averages are multiplied by the same number, so
+      the factor and lr stay the previous step's. The step's gradient is 0 either way: SGD does not move,
+      AdamW moves along its momentum at that lr.
     - ``warmup_steps``: linear warm-up factor ``min(1, k / warmup_steps)`` at the k-th accepted update.
 
     A non-finite S or V leaves the lr unchanged, does not advance k, and is counted (``n_skipped``).
@@ -192,7 +200,8 @@ class SNRLearningRate:
         return self._s_avg / corr, self._v_avg / corr
 
     def step(self, S, V, n: int) -> list[float]:
-        """Update the lrs from this step's S, V (n prompts). Returns the new lrs (one per group)."""
+        """Update the lrs from this step's unclamped signal estimate ``S`` and ``V`` (n prompts). Returns the
+        new lrs (one per group)."""
         if int(n) != n or n < 1:
             raise ValueError(f"n (prompts in the step) must be a positive integer, got {n}")
         S, V = float(S), float(V)  # one host sync per step: not the hot path
@@ -200,7 +209,7 @@ class SNRLearningRate:
             self.n_skipped += 1
             return self.get_last_lr()
         self.steps += 1
-        S, V = self._smooth(max(S, 0.0), V)
+        S, V = self._smooth(S, V)  # average the unclamped estimates, clamp the averages
         S, V = max(S, 0.0), max(V, 0.0)
         factor = snr_factor(S, V, int(n))
         warm = min(1.0, self.steps / self.warmup_steps) if self.warmup_steps else 1.0

@@ -104,3 +104,33 @@ def test_a_registered_schedule_is_built_by_name():
         assert ctl.get_last_lr() == [0.5] and "test_halving" in available_schedules()
     finally:
         SCHEDULES.unregister("test_halving")
+
+
+def _late_mean_factor(mu_sq: float, ema: float, *, d: int = 64, n: int = 16, steps: int = 2000, seed: int = 0):
+    """Mean lr factor of the snr schedule over the last 2/3 of ``steps`` steps, each fed the SNRStats of n
+    synthetic per-prompt gradients g_k ~ N(mu, I_d) with ||mu||^2 = mu_sq (true S = mu_sq, V = d)."""
+    g = torch.Generator().manual_seed(seed)
+    mu = torch.zeros(d, dtype=torch.float64)
+    mu[0] = mu_sq ** 0.5
+    ctl = make_lr_controller("snr", _opt(), lr=1.0, ema=ema)
+    factors = []
+    for _ in range(steps):
+        gk = mu + torch.randn(n, d, generator=g, dtype=torch.float64)
+        ctl.step(snr_statistics(gk.pow(2).sum(-1), gk.mean(0).pow(2).sum(), n))
+        factors.append(ctl.metrics()["snr/factor"])
+    return sum(factors[steps // 3:]) / len(factors[steps // 3:])
+
+
+def test_ema_with_zero_signal_tends_to_factor_0():
+    """The EMA averages the unclamped signal, so with zero true signal the averaged S sits at 0 up to the
+    EMA's own noise (sd ~ sqrt((1-ema)/(1+ema))): the factor shrinks as the averaging window grows.
+    Clamping before averaging (the old code) averaged E[max(signal, 0)] > 0: a plateau of 0.07 here at
+    every ema."""
+    f90, f99 = _late_mean_factor(0.0, 0.9), _late_mean_factor(0.0, 0.99)
+    assert f99 < 0.02 and f99 < 0.5 * f90, (f90, f99)
+
+
+def test_ema_with_a_known_signal_tends_to_the_true_factor():
+    true = 0.25 / (0.25 + 64 / 16)  # S / (S + V/N) = 0.0588
+    got = _late_mean_factor(0.25, 0.99)
+    assert abs(got - true) < 0.012, (got, true)  # clamp-then-average gave 0.10

@@ -248,3 +248,21 @@ def test_snr_statistics_keep_the_unclamped_signal():
     m = snr_statistics(torch.tensor([1.0, 3.0, 2.0]), 1.5, 3).metrics()
     assert m["snr/factor"] == pytest.approx(snr_factor(m["snr/S"], m["snr/V"], 3))
     assert m["snr/n_snr"] == pytest.approx(3 * m["snr/snr"]) and m["snr/snr"] == pytest.approx(m["snr/S"] / m["snr/V"])
+
+
+def test_zero_statistics_step_with_and_without_ema_history():
+    """S = V = 0 (every g_k = 0, e.g. equal rewards in every group). Without EMA history (ema = 0, or the
+    first update): factor 0, lr = eta_min. With history: the zero step is averaged in, which scales both
+    bias-corrected averages by the same number, so the factor and the lr stay those of the previous step."""
+    ctl = SNRLearningRate(make_opt(), 1.0, eta_min=0.01)
+    assert ctl.step(0.0, 0.0, 4) == [0.01] and ctl.last_factor == 0.0
+    ctl = SNRLearningRate(make_opt(), 1.0, eta_min=0.01, ema=0.9)
+    assert ctl.step(0.0, 0.0, 4) == [0.01] and ctl.last_factor == 0.0  # first update: no history
+    ctl = SNRLearningRate(make_opt(), 1.0, eta_min=0.01, ema=0.9)
+    ctl.step(1.0, 2.0, 4)
+    ctl.step(0.5, 4.0, 4)
+    before = ctl.last_factor
+    assert 0 < before < 1
+    for _ in range(3):
+        ctl.step(0.0, 0.0, 4)
+        assert ctl.last_factor == pytest.approx(before, rel=1e-12) and ctl.get_last_lr()[0] == pytest.approx(before)

@@ -184,6 +184,12 @@ def test_shipped_paper_grid_is_valid():
     const_lrs = {p.cfg.optim.lr for p in plan if p.cfg.algorithm.baseline == "oblr"
                  and p.cfg.algorithm.lr_schedule == "constant"}
     assert len(const_lrs) >= 3
+    # the paper's rule (current batch only, snr_ema 0) next to the EMA rows, same baselines, seeds, eta_max
+    snr = {(p.cfg.algorithm.baseline, p.cfg.optim.snr_ema, p.cfg.optim.lr, p.cfg.train.seed) for p in plan
+           if p.cfg.algorithm.lr_schedule == "snr"}
+    for baseline in ("oblr", "rloo"):
+        for seed in grid.seeds:
+            assert {(baseline, 0.0, 1e-3, seed), (baseline, 0.9, 1e-3, seed)} <= snr, (baseline, seed)
 
 
 # ------------------------------------------------------------------------------------------- proxy study

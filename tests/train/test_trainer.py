@@ -13,6 +13,7 @@ import torch
 from oblr.cli import main
 from oblr.config import load_config
 from oblr.tracking import read_metrics
+from oblr.train import checkpoint as ckpt
 from oblr.train.trainer import Trainer, TrainingError
 
 TINY = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=24", "task.eval_size=8",
@@ -66,6 +67,13 @@ def test_resume_reproduces_the_straight_run(small_builtin, tmp_path):
     a, b = tmp_path / "straight", tmp_path / "resumed"
     assert main(_args(small_builtin, a, 4, *common)) == 0
     assert main(_args(small_builtin, b, 2, *common)) == 0
+    # the checkpoint carries the SNR EMA (default snr schedule, snr_ema 0.9): the averages after 2 steps,
+    # whose bias-corrected, clamped values are the S and V logged at step 2
+    lr_state = ckpt.load_trainer_state(ckpt.latest_checkpoint(b))["lr_controller"]
+    assert lr_state["ema"] == 0.9 and lr_state["steps"] == 2
+    logged = _train_rows(b)[2]
+    assert max(lr_state["s_avg"] / (1 - 0.9**2), 0.0) == pytest.approx(logged["snr/S"], rel=1e-6, abs=1e-12)
+    assert max(lr_state["v_avg"] / (1 - 0.9**2), 0.0) == pytest.approx(logged["snr/V"], rel=1e-6, abs=1e-12)
     assert main(_args(small_builtin, b, 4, *common) + ["--resume"]) == 0
     ra, rb = _train_rows(a), _train_rows(b)
     assert sorted(rb) == [1, 2, 3, 4]
