@@ -13,6 +13,11 @@ what the estimator and the schedule need, never by a method name:
 On the first (on-policy) update the importance ratio is 1 and clipping is inactive, so both paths give
 the gradient of :func:`oblr.losses.policy_loss`; later epochs (``epochs > 1``) go through
 :func:`accumulate_clipped_gradient` with the stored old log-probs.
+
+A data-parallel rank calls the same functions on its shard of whole prompt groups with ``totals`` (the
+global batch's :class:`~oblr.losses.BatchTotals`, so the factors c_i and the scale of g_k are those of
+the global batch) and, under FSDP2, a ``grad_sink`` that sends the book-keeping gradient to the sharded
+``.grad`` (:mod:`oblr.distributed`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import torch
 from oblr.estimators import compute_advantages, get_estimator
 from oblr.gradnorm import BookKeeper, length_weights, logit_energy_weights
 from oblr.logprobs import forward_logits, gather_logprobs, sequence_logprobs, token_entropy
-from oblr.losses import policy_loss, sequence_scale
+from oblr.losses import BatchTotals, policy_loss, sequence_scale
 
 
 @dataclass
@@ -71,22 +76,29 @@ def _entropy_sum(logits: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
 
 
 def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: UpdateSettings,
-                               *, ref_model=None) -> UpdateResult:
+                               *, ref_model=None, totals: BatchTotals | None = None,
+                               grad_sink=None) -> UpdateResult:
     """Add the policy-gradient of the loss to ``.grad`` of the trainable parameters.
 
     ``batch`` has ``input_ids``, ``attention_mask``, ``response_mask`` [B, T] (rows prompt-major,
     B = N*G) and ``response_lengths`` [B]; ``rewards`` is [N, G]. The loss is
     ``sum_i -A_i c_i l_i`` with c_i from :func:`oblr.losses.sequence_scale`; exact weights are
     ``w_i = c_i^2 ||s_i||^2``, the squared norm of the per-sequence gradient that aggregation produces.
+
+    ``totals``: the batch these rows belong to (default: these rows); with ``N_tot = totals.sequences / G``
+    prompts, c_i are the global batch's factors and ``per_prompt_sq_norms`` are ``||N_tot h_k||^2``.
+    ``grad_sink(param, increment)``: where the book-keeping path puts each parameter's gradient
+    increment (default ``param.grad += increment``; see :class:`oblr.gradnorm.BookKeeper`).
     """
     N, G = rewards.shape
     ids, am, rm = batch.input_ids, batch.attention_mask, batch.response_mask
     rmf = rm.to(torch.float32)
-    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len)  # [B]
+    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len, totals=totals)  # [B]
+    n_total = N if totals is None else totals.sequences // G
     lengths = batch.response_lengths.to(torch.float32).view(N, G)
     source = get_estimator(settings.baseline).weights
     use_book = source == "exact" or settings.need_snr
-    book = BookKeeper(model, method=settings.norms_method) if use_book else None
+    book = BookKeeper(model, method=settings.norms_method, grad_sink=grad_sink) if use_book else None
 
     advs, old_lps, gks, est_metrics = [], [], [], []
     loss_sum = rmf.new_zeros(())
@@ -115,7 +127,7 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
         if book is not None:
             if settings.need_snr:  # .grad and ||g_k||^2 (g_k = N sum_{i in k} coeffs_i s_i) from one pass
                 local_groups = torch.arange(k1 - k0, device=coeffs.device).repeat_interleave(G)
-                gks.append(book.accumulate_grad_with_group_norms(coeffs, local_groups) * (N * N))
+                gks.append(book.accumulate_grad_with_group_norms(coeffs, local_groups) * (n_total * n_total))
             else:
                 book.accumulate_grad(coeffs)
             loss_sum = loss_sum + (coeffs * seq_lp.detach()).sum()
@@ -135,16 +147,19 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     metrics["train/entropy"] = ent_sum / rmf.sum().clamp(min=1)
     result = UpdateResult(torch.cat(advs), torch.cat(old_lps), torch.cat(gks) if gks else None, metrics)
     if settings.kl_coef > 0 and ref_model is not None:
-        metrics.update(_accumulate_kl(model, ref_model, batch, settings))
+        metrics.update(_accumulate_kl(model, ref_model, batch, settings, totals))
     return result
 
 
 def accumulate_clipped_gradient(model, batch, advantages: torch.Tensor, old_logprobs: torch.Tensor,
-                                settings: UpdateSettings, *, ref_model=None) -> dict:
-    """Later epochs: clipped importance-weighted policy loss with the rollout log-probs, plain backward."""
+                                settings: UpdateSettings, *, ref_model=None,
+                                totals: BatchTotals | None = None) -> dict:
+    """Later epochs: clipped importance-weighted policy loss with the rollout log-probs, plain backward.
+
+    ``totals`` as in :func:`accumulate_policy_gradient`."""
     N, G = advantages.shape
     rmf = batch.response_mask.to(torch.float32)
-    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len)
+    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len, totals=totals)
     metrics: dict = {}
     for k0, k1, rows in _micro_batches(N, G, settings.micro_batch_groups):
         tok_lp = gather_logprobs(forward_logits(model, batch.input_ids[rows], batch.attention_mask[rows]),
@@ -155,17 +170,17 @@ def accumulate_clipped_gradient(model, batch, advantages: torch.Tensor, old_logp
         loss.backward()
         metrics = m
     if settings.kl_coef > 0 and ref_model is not None:
-        metrics.update(_accumulate_kl(model, ref_model, batch, settings))
+        metrics.update(_accumulate_kl(model, ref_model, batch, settings, totals))
     return metrics
 
 
-def _accumulate_kl(model, ref_model, batch, settings: UpdateSettings) -> dict:
+def _accumulate_kl(model, ref_model, batch, settings: UpdateSettings, totals: BatchTotals | None = None) -> dict:
     """k3 KL to the frozen reference, aggregated like the policy loss; its gradient is added to .grad.
 
     It costs one more forward/backward; S and V describe the policy-gradient estimator only.
     """
     rmf = batch.response_mask.to(torch.float32)
-    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len)
+    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len, totals=totals)
     with torch.no_grad():
         ref_lp = gather_logprobs(forward_logits(ref_model, batch.input_ids, batch.attention_mask), batch.input_ids)
     tok_lp = gather_logprobs(forward_logits(model, batch.input_ids, batch.attention_mask), batch.input_ids)
