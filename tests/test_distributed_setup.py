@@ -131,3 +131,17 @@ def test_reduce_metrics_weights():
     # what this rank contributes to the sums over ranks: sums whole, means by its share of prompts or tokens
     assert {k: float(v) for k, v in out.items()} == {"optim/loss": 2.0, "baseline/fallback_count": 3.0,
                                                      "train/entropy": 0.125, "adv/std": 0.75}
+
+
+def test_data_parallel_step_in_one_process_is_the_one_process_step():
+    """Without a process group the data-parallel step is the ordinary step (what the trainer will call)."""
+    from distributed_helpers import SCENARIOS, data_parallel_step, one_process_step
+
+    sc = SCENARIOS[4]  # ddp, micro-batches, KL, two epochs, clipping
+    ref = one_process_step(tiny_qwen3().train(), tiny_qwen3().requires_grad_(False), sc)
+    got = data_parallel_step(tiny_qwen3().train(), tiny_qwen3().requires_grad_(False), sc, make_parallel("ddp"), 0, 1)
+    assert all(torch.equal(a, b) for a, b in zip(got["grads"], ref["grads"]))
+    assert got["lr"] == ref["lr"] and float(got["S"]) == float(ref["S"]) and torch.equal(got["gks"], ref["gks"])
+    # after clipping (clip_grads_ with the float64 norm vs torch's clip_grad_norm_): equal to rounding
+    for key in ("grads2", "params"):
+        assert max(float((a - b).norm() / b.norm()) for a, b in zip(got[key], ref[key])) < 1e-6, key

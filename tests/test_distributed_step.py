@@ -79,3 +79,13 @@ def test_metrics_equal_one_process_with_rank_sized_micro_batches(worker_results,
     assert set(got) == set(ref)
     for k, v in ref.items():
         assert abs(got[k] - v) <= RTOL * abs(v) + 1e-9, (k, got[k], v)
+
+
+def test_collectives_on_two_ranks(worker_results):
+    c = worker_results["collectives"]
+    assert torch.equal(c["a"], torch.full((3,), 3.0))  # 1 + 2
+    assert torch.equal(c["b"], torch.ones(3))  # rank 0's gradient, zeros from rank 1
+    assert c["c_is_none"]  # no rank had one: stays None, as in one process
+    assert c["objects"] == ["r0", "r1", "r1"] and c["chosen"] == "run-0"
+    t = c["totals"]  # rank 0: 2 x 5 mask, rank 1: 3 x 7
+    assert (t.sequences, t.tokens, t.width) == (5, 31.0, 7)

@@ -7,7 +7,8 @@
 - :func:`reduce_metrics` -- a step's metrics over ranks in one all-reduce: sums stay sums, per-prompt
   means become means over all prompts, per-token means become means over all tokens;
 - :func:`all_reduce_grads` -- ``.grad`` of replicated parameters summed over ranks, in flat buckets of
-  about ``bucket_mb`` MiB (one collective per bucket, all launched before the first wait);
+  about ``bucket_mb`` MiB (one collective per bucket plus one for the gradient flags, all launched before
+  the first wait);
 - :func:`grad_sq_norm` -- ``||grad||^2`` of the whole model whether its ``.grad`` are plain tensors
   (replicated) or sharded DTensors (FSDP2).
 """
@@ -124,33 +125,35 @@ def _buckets(tensors: list[torch.Tensor], bucket_bytes: int):
 def all_reduce_grads(params, *, bucket_mb: float = DEFAULT_BUCKET_MB, group=None) -> None:
     """``p.grad = sum over ranks of p.grad`` for replicated (plain-tensor) parameters, in flat buckets.
 
-    Which parameters have a gradient is agreed first (one small all-reduce): a parameter with a gradient
-    on some rank gets a zero one on the others, so every rank reduces the same buckets. Parameters with
-    no gradient anywhere keep ``None`` (as one process would). Each bucket is flattened into one buffer,
-    all buckets are launched asynchronously, then waited on and copied back.
+    Every trainable parameter has a slot in the buckets (zeros where this rank has no gradient), so all
+    ranks reduce the same layout without agreeing on it first; a flag per parameter, all-reduced with the
+    buckets, says which parameters have a gradient on some rank -- the others keep ``None``, as in one
+    process. All collectives are launched asynchronously before the first wait; each bucket is flattened
+    into one buffer and copied back.
     """
     params = [p for p in params if p.requires_grad]
     if not is_distributed() or not params:
         return
-    dev = params[0].device
-    has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=dev)
-    dist.all_reduce(has, op=dist.ReduceOp.MAX, group=group)
-    grads = []
-    for p, h in zip(params, has.tolist()):
-        if h and p.grad is None:
-            p.grad = torch.zeros_like(p)
-        if h:
-            grads.append(p.grad)
+    flags = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)
+    flag_work = dist.all_reduce(flags, op=dist.ReduceOp.SUM, group=group, async_op=True)
     pending = []
-    for bucket in _buckets(grads, int(bucket_mb * 2**20)):
-        flat = torch.cat([g.reshape(-1) for g in bucket])
+    for bucket in _buckets(params, int(bucket_mb * 2**20)):
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
         pending.append((dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True), flat, bucket))
+    flag_work.wait()
+    present = iter(flags.tolist())
     for work, flat, bucket in pending:
         work.wait()
         offset = 0
-        for g in bucket:
-            g.copy_(flat[offset: offset + g.numel()].view_as(g))
-            offset += g.numel()
+        for p in bucket:
+            g = flat[offset: offset + p.numel()].view_as(p)
+            offset += p.numel()
+            if not next(present):
+                continue
+            if p.grad is None:
+                p.grad = g.clone()
+            else:
+                p.grad.copy_(g)
 
 
 def _is_sharded(t: torch.Tensor) -> bool:
