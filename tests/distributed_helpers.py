@@ -105,7 +105,7 @@ def one_process_step(model, ref_model, sc: Scenario, micro_batch_groups: int | N
            "gks": res.per_prompt_sq_norms, "metrics": {k: float(v) for k, v in res.metrics.items()}}
     if sc.epochs > 1:
         opt.zero_grad(set_to_none=True)
-        accumulate_clipped_gradient(model, batch, res.advantages, res.old_logprobs, settings, ref_model=ref_model)
+        accumulate_clipped_gradient(model, batch, res, settings)
         out["grads2"] = [p.grad.detach().clone() for p in params]
         opt.step()
     out["params"] = [p.detach().clone() for p in params]
@@ -131,8 +131,7 @@ def data_parallel_step(model, ref_model, sc: Scenario, parallel, rank: int, worl
            "metrics": {k: float(v) for k, v in up.update.metrics.items()}}
     if sc.epochs > 1:
         opt.zero_grad(set_to_none=True)
-        data_parallel_clipped_gradient(model, batch, up.update.advantages, up.update.old_logprobs, sc.settings(),
-                                       parallel, up.totals, ref_model=ref_model)
+        data_parallel_clipped_gradient(model, batch, up.update, sc.settings(), parallel, up.totals)
         out["grads2"] = [p.grad.detach().clone() for p in params]
         opt.step()
     out["params"] = [p.detach().clone() for p in params]

@@ -11,8 +11,9 @@ Every rank holds its block of whole prompt groups (:mod:`oblr.distributed.layout
 3. ``parallel.reduce_grads``: ``.grad`` becomes the sum over ranks = the one-process gradient
    (ddp: bucketed all-reduce; fsdp: reduce-scatter into the shards);
 4. ``||gbar||^2`` from the reduced gradient (:func:`~oblr.distributed.collectives.grad_sq_norm`), the N
-   per-prompt norms by an all-gather in rank (= prompt) order, S, V, SNR by :func:`oblr.snr.signal_noise`,
-   then broadcast from rank 0 so every rank sets bit-identical learning rates; metrics by one all-reduce.
+   per-prompt norms by an all-gather in rank (= prompt) order, S, V, SNR by :func:`oblr.snr.snr_statistics`,
+   then broadcast from rank 0 so every rank sets bit-identical learning rates; the estimator's metrics
+   from the gathered [N, G] estimate (as one process computes them), the others by one all-reduce.
 
 In a single process every collective is the identity and this is :func:`accumulate_policy_gradient`.
 """
@@ -24,8 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
+from oblr.estimators import Estimate
 from oblr.losses import BatchTotals
-from oblr.snr import signal_noise
+from oblr.snr import SNRStats, snr_statistics
 from oblr.update import UpdateResult, UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
 
 from .collectives import all_gather_cat, broadcast_, global_totals, grad_sq_norm, reduce_metrics
@@ -36,7 +38,8 @@ class DataParallelUpdate:
     """The step's global statistics (equal on every rank) and this rank's own per-row results.
 
     ``update``: :class:`UpdateResult` whose ``advantages`` [N/W, G] and ``old_logprobs`` are this rank's,
-    ``per_prompt_sq_norms`` the global [N] (prompt order) and ``metrics`` reduced over ranks.
+    ``per_prompt_sq_norms`` the global [N] (prompt order), ``metrics`` reduced over ranks, and
+    ``grad_sq_norm`` / ``snr`` (:class:`~oblr.snr.SNRStats`) the global ones, as one process returns them.
     ``grad_sq`` = ``||gbar||^2`` of the reduced gradient; S, V, SNR None when the settings need no SNR.
     """
 
@@ -51,6 +54,18 @@ class DataParallelUpdate:
 
 def trainable(model) -> list:
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def gather_estimate(est: Estimate) -> Estimate:
+    """The global batch's estimate: every rank's [N/W, G] tensors concatenated in rank (= prompt) order."""
+    def cat(t):
+        if t is None:
+            return None
+        if t.dtype == torch.bool:  # gloo gathers numbers
+            return all_gather_cat(t.to(torch.uint8)).bool()
+        return all_gather_cat(t.detach())
+
+    return Estimate(cat(est.advantages), cat(est.baseline), cat(est.weights), cat(est.fallback))
 
 
 def data_parallel_gradient(model, batch, rewards: torch.Tensor, settings: UpdateSettings, parallel, *,
@@ -70,28 +85,32 @@ def data_parallel_gradient(model, batch, rewards: torch.Tensor, settings: Update
     params = trainable(model)
     parallel.reduce_grads(params)
     grad_sq = grad_sq_norm(params)
-    metrics = reduce_metrics(res.metrics, n_prompts=n_local, n_prompts_total=N, tokens=float(rm.sum()),
-                             tokens_total=float(totals.tokens))
-    gks, S, V, snr = None, None, None, None
+    est_metrics = gather_estimate(res.estimate).metrics()
+    metrics = reduce_metrics({k: v for k, v in res.metrics.items() if k not in est_metrics}, n_prompts=n_local,
+                             n_prompts_total=N, tokens=float(rm.sum()), tokens_total=float(totals.tokens))
+    metrics.update(est_metrics)
+    gks, stats = None, None
     if res.per_prompt_sq_norms is not None:
         gks = all_gather_cat(res.per_prompt_sq_norms)
-        S, V, snr = signal_noise(gks.double(), grad_sq.to(gks.device), N)  # float64: S can be a small difference
-        S, V, snr, grad_sq = broadcast_(torch.stack([S, V, snr, grad_sq.to(S.device)])).unbind()
+        st = snr_statistics(gks.double(), grad_sq.to(gks.device), N)  # float64: S can be a small difference
+        vals = broadcast_(torch.stack([st.S, st.V, st.snr, st.signal, grad_sq.to(st.S.device).double()]))
+        stats = SNRStats(*vals[:4].unbind(), n=N)
+        grad_sq = vals[4]
     else:
         grad_sq = broadcast_(grad_sq.reshape(1))[0]
-    update = dataclasses.replace(res, per_prompt_sq_norms=gks, metrics=metrics)
-    return DataParallelUpdate(update, totals, N, grad_sq, S, V, snr)
+    update = dataclasses.replace(res, per_prompt_sq_norms=gks, metrics=metrics, grad_sq_norm=grad_sq, snr=stats)
+    if stats is None:
+        return DataParallelUpdate(update, totals, N, grad_sq)
+    return DataParallelUpdate(update, totals, N, grad_sq, stats.S, stats.V, stats.snr)
 
 
-def data_parallel_clipped_gradient(model, batch, advantages: torch.Tensor, old_logprobs: torch.Tensor,
-                                   settings: UpdateSettings, parallel, totals: BatchTotals, *,
-                                   ref_model=None) -> dict:
+def data_parallel_clipped_gradient(model, batch, first: UpdateResult, settings: UpdateSettings, parallel,
+                                   totals: BatchTotals) -> dict:
     """A later epoch (``epochs > 1``) on this rank's rows with the global factors, gradients reduced.
 
-    ``totals``: the step's :attr:`DataParallelUpdate.totals`. Returns the rank's metrics (token means of
-    the clip fraction and ratio over its rows)."""
-    metrics = accumulate_clipped_gradient(model, batch, advantages, old_logprobs, settings, ref_model=ref_model,
-                                          totals=totals)
+    ``first``/``totals``: the step's :attr:`DataParallelUpdate.update` and ``.totals``. Returns the rank's
+    metrics (token means of the clip fraction, ratio and KL over its rows)."""
+    metrics = accumulate_clipped_gradient(model, batch, first, settings, totals=totals)
     parallel.reduce_grads(trainable(model))
     return metrics
 

@@ -1,0 +1,248 @@
+"""Experiment grids: a base config, named variants and seeds -> one run folder per (variant, seed).
+
+Grid file (YAML)::
+
+    base: {model: {...}, rollout: {...}, ...}   # a train config mapping, or a path to one
+    seeds: [0, 1, 2]
+    out: runs/my-grid                           # optional default output folder
+    report: {target: 0.5, accuracy_key: eval/accuracy_greedy}   # optional, passed to compare_runs
+    runs:
+      - name: oblr-snr                          # folder name and report label
+        algorithm.baseline: oblr                # dotted overrides of the base (values are YAML values)
+        algorithm.lr_schedule: snr
+
+The config of run (v, k) is ``base``, then variant v's overrides, then ``train.seed = k``, then the
+command-line overrides (which win, except that they may not set ``train.seed`` or ``train.output_dir``),
+then ``train.output_dir = OUT/<v>/seed<k>``. Every config is validated before any run starts.
+
+A run folder is *reused* when its ``summary.json`` exists and its ``config.yaml`` matches (keys in
+:data:`IGNORED_FOR_MATCH` aside), *resumed* when it has a checkpoint and a compatible config (or a finished
+run is asked for more ``train.steps``), *started* when empty (a partial run without any checkpoint is
+cleared first), and a *conflict* (never touched) when it holds a run of another configuration.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from oblr.config import Config, ConfigError, apply_overrides, config_from_dict
+from oblr.train.checkpoint import latest_checkpoint
+from oblr.train.run_dir import RESUMABLE_CHANGES, config_diff, flatten
+
+GRID_KEYS = ("base", "runs", "seeds", "out", "report", "description")
+REPORT_KEYS = ("target", "accuracy_key", "spike_factor", "spike_window")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
+# keys that do not change a run's numbers: a difference there does not prevent reuse
+IGNORED_FOR_MATCH = frozenset({"train.output_dir", "train.threads", "train.plots", "train.tensorboard",
+                               "train.wandb", "train.keep_checkpoints"})
+GRID_FILE = "grid.yaml"  # written into the output folder: marks it as a grid and records what was asked
+
+
+@dataclass
+class Variant:
+    name: str
+    overrides: dict[str, Any]  # dotted key -> value
+
+
+@dataclass
+class Grid:
+    base: dict
+    variants: list[Variant]
+    seeds: list[int]
+    out: str | None = None
+    report: dict = field(default_factory=dict)
+    description: str = ""
+    source: str = "<dict>"
+
+
+@dataclass
+class PlannedRun:
+    variant: str
+    seed: int
+    run_dir: Path
+    cfg: Config
+    action: str  # "reuse" | "resume" | "start" | "conflict"
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant} seed={self.seed}"
+
+
+def set_dotted(data: dict, key: str, value: Any, where: str) -> None:
+    """``data["a"]["b"] = value`` for ``key = "a.b"``; a non-dotted mapping value is merged into that section."""
+    parts = key.split(".")
+    if any(not p for p in parts):
+        raise ConfigError(f"{where}: malformed key {key!r}")
+    if len(parts) == 1:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: key {key!r} names a section; give a mapping or a dotted key "
+                              f"such as '{key}.<name>'")
+        for k, v in value.items():
+            set_dotted(data, f"{key}.{k}", v, where)
+        return
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}: '{p}' in {key!r} is not a section")
+    node[parts[-1]] = copy.deepcopy(value)
+
+
+def _load_base(base: Any, grid_path: Path | None) -> tuple[dict, str]:
+    if isinstance(base, dict):
+        return copy.deepcopy(base), "inline"
+    if not isinstance(base, str):
+        raise ConfigError(f"grid {grid_path}: 'base' must be a config mapping or a path to a config file, "
+                          f"got {type(base).__name__}")
+    tried = [grid_path.parent / base] if grid_path is not None else []
+    tried.append(Path(base))
+    for p in tried:
+        if p.is_file():
+            data = yaml.safe_load(p.read_text()) or {}
+            if not isinstance(data, dict):
+                raise ConfigError(f"base config {p} must hold a mapping of sections")
+            return data, str(p)
+    raise ConfigError(f"grid {grid_path}: base config {base!r} not found (tried {', '.join(map(str, tried))})")
+
+
+def grid_from_dict(data: dict, source: str = "<dict>", grid_path: Path | None = None) -> Grid:
+    """Check and normalise a grid mapping (see the module docstring). Raises ConfigError naming the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"grid {source}: must be a mapping with keys {', '.join(GRID_KEYS)}")
+    unknown = [k for k in data if k not in GRID_KEYS]
+    if unknown:
+        raise ConfigError(f"grid {source}: unknown key(s) {unknown}; known keys: {', '.join(GRID_KEYS)}")
+    for k in ("base", "runs"):
+        if k not in data:
+            raise ConfigError(f"grid {source}: missing key '{k}'")
+    base, _ = _load_base(data["base"], grid_path)
+    seeds = data.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                           for s in seeds):
+        raise ConfigError(f"grid {source}: 'seeds' must be a non-empty list of integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"grid {source}: 'seeds' has duplicates: {seeds}")
+    runs = data["runs"]
+    if not isinstance(runs, list) or not runs:
+        raise ConfigError(f"grid {source}: 'runs' must be a non-empty list of variants")
+    variants: list[Variant] = []
+    for i, r in enumerate(runs):
+        where = f"grid {source}, runs[{i}]"
+        if not isinstance(r, dict) or "name" not in r:
+            raise ConfigError(f"{where}: each run is a mapping with a 'name' and dotted overrides, got {r!r}")
+        name = r["name"]
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ConfigError(f"{where}: name {name!r} must be a folder-safe word (letters, digits, . _ + = -)")
+        if name in {v.name for v in variants}:
+            raise ConfigError(f"{where}: duplicate run name {name!r}")
+        variants.append(Variant(name, {k: v for k, v in r.items() if k != "name"}))
+    report = data.get("report") or {}
+    if not isinstance(report, dict) or any(k not in REPORT_KEYS for k in report):
+        raise ConfigError(f"grid {source}: 'report' must be a mapping with keys among {', '.join(REPORT_KEYS)}")
+    out = data.get("out")
+    if out is not None and not isinstance(out, str):
+        raise ConfigError(f"grid {source}: 'out' must be a folder path, got {out!r}")
+    return Grid(base=base, variants=variants, seeds=list(seeds), out=out, report=dict(report),
+                description=str(data.get("description", "")), source=source)
+
+
+def load_grid(path: str | Path) -> Grid:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"grid file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"grid file {p} is not valid YAML: {e}") from None
+    return grid_from_dict(data, str(p), p)
+
+
+def run_dir_of(out_dir: Path, variant: str, seed: int) -> Path:
+    return Path(out_dir) / variant / f"seed{seed}"
+
+
+def build_config(grid: Grid, variant: Variant, seed: int, out_dir: Path, overrides: list[str]) -> Config:
+    """The validated config of run (variant, seed); errors name the variant."""
+    for ov in overrides:
+        key = ov.split("=", 1)[0].strip()
+        if key in ("train.seed", "train.output_dir"):
+            raise ConfigError(f"override {ov!r}: {key} is set by the grid (seeds list / output folder)")
+    data = copy.deepcopy(grid.base)
+    where = f"grid {grid.source}, run {variant.name!r}"
+    for k, v in variant.overrides.items():
+        set_dotted(data, k, v, where)
+    set_dotted(data, "train.seed", seed, where)
+    apply_overrides(data, list(overrides))
+    set_dotted(data, "train.output_dir", str(run_dir_of(out_dir, variant.name, seed)), where)
+    try:
+        return config_from_dict(data)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def decide(run_dir: Path, cfg: Config) -> tuple[str, str]:
+    """``(action, reason)`` for one run folder; see the module docstring."""
+    has_summary = (run_dir / "summary.json").is_file()
+    has_ckpt = latest_checkpoint(run_dir) is not None
+    has_cfg = (run_dir / "config.yaml").is_file()
+    if not (has_summary or has_ckpt or has_cfg or (run_dir / "metrics.jsonl").exists()):
+        return "start", ""
+    diff = config_diff(run_dir / "config.yaml", cfg) if has_cfg else None
+    if diff is not None:
+        diff = [k for k in diff if k not in IGNORED_FOR_MATCH]
+    if diff is None:
+        return "conflict", f"{run_dir} holds files but no readable config.yaml; move it away or use another --out"
+    hard = [k for k in diff if k not in RESUMABLE_CHANGES]
+    if hard:
+        return "conflict", (f"{run_dir} holds a run with another configuration (changed: {', '.join(hard)}); "
+                            f"move it away or use another --out")
+    saved_steps = flatten(yaml.safe_load((run_dir / "config.yaml").read_text()))["train.steps"]
+    if has_summary:
+        if cfg.train.steps == saved_steps:
+            return "reuse", ("finished" + (f" (differs only in {', '.join(diff)})" if diff else ""))
+        if cfg.train.steps > saved_steps and has_ckpt:
+            return "resume", f"finished at {saved_steps} steps; extending to {cfg.train.steps}"
+        return "conflict", (f"{run_dir} finished with train.steps={saved_steps}, asked {cfg.train.steps}; "
+                            f"move it away or use another --out")
+    if has_ckpt:
+        return "resume", "checkpoint without summary"
+    return "start", "partial run without checkpoint (cleared)"
+
+
+def plan_grid(grid: Grid, out_dir: str | Path, overrides: list[str] = ()) -> list[PlannedRun]:
+    """One :class:`PlannedRun` per (variant, seed), variant-major; all configs validated first."""
+    out_dir = Path(out_dir)
+    configs = [(v, s, build_config(grid, v, s, out_dir, list(overrides))) for v in grid.variants for s in grid.seeds]
+    plan = []
+    for v, s, cfg in configs:
+        rd = run_dir_of(out_dir, v.name, s)
+        action, reason = decide(rd, cfg)
+        plan.append(PlannedRun(v.name, s, rd, cfg, action, reason))
+    return plan
+
+
+def clear_partial(run_dir: Path) -> None:
+    """Remove a run folder that has neither summary nor checkpoint (nothing to resume from)."""
+    if (run_dir / "summary.json").exists() or latest_checkpoint(run_dir) is not None:
+        raise RuntimeError(f"refusing to clear {run_dir}: it holds a summary or a checkpoint")
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+
+
+def write_grid_file(grid: Grid, out_dir: Path, overrides: list[str], command: str) -> Path:
+    """``OUT/grid.yaml``: the grid as run (base, variants, seeds, overrides, command)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {"source": grid.source, "command": command, "description": grid.description, "seeds": grid.seeds,
+            "overrides": list(overrides), "report": grid.report,
+            "runs": [{"name": v.name, **v.overrides} for v in grid.variants], "base": grid.base}
+    path = out_dir / GRID_FILE
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

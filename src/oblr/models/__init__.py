@@ -1,0 +1,138 @@
+"""Models: load any causal LM + tokenizer, wrap it with LoRA, resolve (and build) the built-in tiny model.
+
+One code path for real checkpoints and the built-in model: both go through
+``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``
+(:func:`load_model_and_tokenizer`). The built-in model (``"builtin"`` or ``"builtin:tiny-arith"``) is a
+Qwen3-architecture checkpoint in ``$OBLR_CACHE_DIR/models/tiny-arith-v1`` (default ``~/.cache/oblr``),
+built by :func:`oblr.models.builtin.build_builtin_model` (tokenizer: :mod:`oblr.models.tokenizer`) the
+first time it is asked for. :func:`wrap_lora` adds LoRA adapters (peft). :data:`DTYPES` lists the
+parameter dtypes by name (``model.dtype``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+BUILTIN_NAMES = ("builtin", "builtin:tiny-arith")
+BUILTIN_DIRNAME = "tiny-arith-v1"
+
+# parameter dtypes by name (the config's choices) and the short aliases load_model_and_tokenizer accepts too
+DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = {**{d: d for d in DTYPES}, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def cache_dir() -> Path:
+    """``$OBLR_CACHE_DIR`` or ``~/.cache/oblr``."""
+    env = os.environ.get("OBLR_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "oblr"
+
+
+def builtin_model_dir() -> Path:
+    return cache_dir() / "models" / BUILTIN_DIRNAME
+
+
+def is_builtin(name: str) -> bool:
+    return str(name).strip().lower() in BUILTIN_NAMES
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _looks_local(name: str) -> bool:
+    """Not of the hub-id form ``owner/name`` (so a missing path is reported as such)."""
+    return _HUB_ID.fullmatch(name) is None
+
+
+def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, progress=None) -> Path | str:
+    """Where ``from_pretrained`` should load from.
+
+    - ``"builtin"`` / ``"builtin:tiny-arith"`` -> the cached built-in model directory, built on first use
+      (and rebuilt when the cached one is incomplete or from an older recipe) when ``build`` is true;
+      otherwise a missing one raises ``FileNotFoundError``.
+    - an existing directory -> that directory.
+    - something that looks like a local path but does not exist -> ``FileNotFoundError`` naming it.
+    - otherwise a hub id (``"Qwen/Qwen3-4B-Base"``) is returned as a string; with ``HF_HUB_OFFLINE=1`` it
+      must already be in the local Hugging Face cache, else a ``FileNotFoundError`` explains the fix.
+    """
+    name = os.fspath(name_or_path)
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"model name or path must be a non-empty string, got {name_or_path!r}")
+    if is_builtin(name):
+        path = builtin_model_dir()
+        from oblr.models.builtin import build_builtin_model, is_current_build
+
+        if not is_current_build(path):
+            if not build:
+                raise FileNotFoundError(f"built-in model not found at {path}; load it once with "
+                                        f"load_model_and_tokenizer('builtin') to build it")
+            kw = {} if progress is None else {"progress": progress}
+            build_builtin_model(path, overwrite=True, **kw)  # replaces an incomplete or outdated build
+        return path
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model directory {path} has no config.json; it is not a saved "
+                                    f"Hugging Face model (save one with model.save_pretrained(dir))")
+        return path
+    if path.exists():
+        raise FileNotFoundError(f"model path {path} is a file; pass the directory that holds config.json")
+    if _looks_local(name):
+        raise FileNotFoundError(f"model path {path} does not exist (pass an existing directory saved with "
+                                f"save_pretrained, 'builtin', or a Hugging Face hub id like Qwen/Qwen3-4B-Base)")
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(name, local_files_only=True))
+        except Exception as e:  # noqa: BLE001 - any miss in the local cache ends here
+            raise FileNotFoundError(
+                f"model {name!r} is not a local directory and not in the local Hugging Face cache; "
+                f"HF_HUB_OFFLINE is set, so hub downloads are not attempted. Fix: pass a local directory, "
+                f"download it first on a machine with network (huggingface-cli download {name}), or unset "
+                f"HF_HUB_OFFLINE. ({type(e).__name__})") from None
+    return name
+
+
+def load_model_and_tokenizer(name_or_path: str | os.PathLike, *, dtype: str = "float32", device: str = "cpu",
+                             trust_remote_code: bool = False, progress=None):
+    """``(model, tokenizer)`` from a local directory, a hub id, or ``"builtin"``.
+
+    The tokenizer gets ``padding_side="left"`` and, when it has none, ``pad_token = eos_token``. The model
+    is returned in eval mode on ``device`` with ``dtype`` (``float32``, ``bfloat16`` or ``float16``).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(sorted(_DTYPES))}, got {dtype!r}")
+    path = resolve_model_path(name_or_path, progress=progress)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, _DTYPES[dtype]),
+                                                     trust_remote_code=trust_remote_code)
+    except OSError as e:
+        raise FileNotFoundError(f"could not load model {name_or_path!r} from {path}: {e}") from e
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer of {name_or_path!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def wrap_lora(model, *, rank: int, alpha: float, targets: list[str]):
+    """``model`` with LoRA adapters of ``rank`` on the modules named ``targets`` (only they train)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        from oblr.config import ConfigError
+
+        raise ConfigError("config key 'model.lora_rank': LoRA needs peft (pip install 'oblr[lora]')") from None
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets),
+                                            lora_dropout=0.0))

@@ -1,0 +1,315 @@
+"""The RL loop: prompts -> rollouts -> rewards -> gradient, norms, S, V -> learning rate -> optimizer step.
+
+The trainer only wires the pieces (each is a plain function or a small object, tested on its own):
+the rollout engine (:func:`oblr.rollout.make_engine`, :func:`oblr.rollout.generate_and_score`), the
+task's reward (:func:`oblr.tasks.reward_scorer`), :func:`oblr.update.accumulate_policy_gradient` (advantages,
+``.grad``, per-prompt norms and the :class:`oblr.snr.SNRStats`), the schedule (:mod:`oblr.schedules`),
+the optimizer (:mod:`oblr.train.optimizers`), the run folder (:mod:`oblr.train.run_dir`), checkpoints
+(:mod:`oblr.train.checkpoint`) and the metric sinks (:mod:`oblr.tracking`). docs/architecture.md follows
+one step through it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from oblr.config import Config, ConfigError, save_config
+from oblr.rollout import generate_and_score, make_engine
+from oblr.schedules import make_lr_controller
+from oblr.tasks import get_task, reward_scorer
+from oblr.tasks.base import RewardFailures, task_accepts
+from oblr.train import checkpoint as ckpt
+from oblr.train.optimizers import make_optimizer
+from oblr.train.run_dir import resolve_run_dir
+from oblr.update import UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient, grad_sq_norm
+
+
+class TrainingError(RuntimeError):
+    pass
+
+
+def _to_float(v):
+    if isinstance(v, torch.Tensor):
+        v = v.detach().float().item()
+    return float(v)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
+        self.cfg, self.resume, self.quiet = cfg, resume, quiet
+        self.run_dir = resolve_run_dir(cfg, resume=resume)
+
+    # ------------------------------------------------------------------------------------------ setup
+    def _setup(self) -> None:
+        from oblr.models import load_model_and_tokenizer, wrap_lora
+        from oblr.tracking import MetricsLogger, ProgressDisplay
+
+        cfg = self.cfg
+        try:  # transformers 5 prints a progress bar for every save/load of a tiny checkpoint
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:  # pragma: no cover
+            pass
+        if cfg.train.threads > 0:
+            torch.set_num_threads(cfg.train.threads)
+        # data first: a malformed data file fails before a model loads
+        self.task = get_task(cfg.task.name, **cfg.task.options)
+        if len(self.task.train) < cfg.rollout.prompts_per_step:
+            raise ConfigError(f"config key 'rollout.prompts_per_step': {cfg.rollout.prompts_per_step} exceeds the "
+                              f"{len(self.task.train)} training prompts of task {cfg.task.name!r}")
+        self.eval_examples = self.task.eval[: cfg.task.eval_size]
+        device = cfg.model.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        torch.manual_seed(cfg.train.seed)
+        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype,
+                                                              device=str(self.device),
+                                                              trust_remote_code=cfg.model.trust_remote_code)
+        if task_accepts(cfg.task.name, "tokenizer") and "tokenizer" not in cfg.task.options:
+            # prompts rendered with the model's chat template when the task's template asks for it ("auto"),
+            # exactly as `oblr eval` renders them; the data was already validated above
+            self.task = get_task(cfg.task.name, **cfg.task.options, tokenizer=self.tokenizer)
+            self.eval_examples = self.task.eval[: cfg.task.eval_size]
+        m, o = cfg.model, cfg.optim
+        if m.lora_rank > 0:
+            self.model = wrap_lora(self.model, rank=m.lora_rank, alpha=m.lora_alpha, targets=m.lora_targets)
+        self.ref_model = None
+        if cfg.algorithm.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = make_optimizer(o.optimizer, [p for p in self.model.parameters() if p.requires_grad], o)
+        self.lr_ctrl = make_lr_controller(cfg.algorithm.lr_schedule, self.optimizer, lr=o.lr, eta_min=o.eta_min,
+                                          warmup_steps=o.warmup_steps, total_steps=cfg.train.steps, ema=o.snr_ema)
+        self.settings = UpdateSettings.from_config(cfg, schedule_needs_snr=self.lr_ctrl.needs_snr)
+        self.start_step = 0
+        self.history: dict = {"eval": []}
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.resume:
+            self._restore()
+        else:
+            save_config(cfg, self.run_dir / "config.yaml")
+        # built with the restored weights; sync_weights after every optimizer step keeps it on-policy
+        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, batch_size=cfg.rollout.batch_size,
+                                  **cfg.rollout.engine_options)
+        self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.train.tensorboard, wandb=cfg.train.wandb,
+                                    config=cfg.to_dict(), resume=self.resume and self.start_step or False)
+        self.progress = None if self.quiet else ProgressDisplay(cfg.train.steps)
+        self.reward_failures = RewardFailures()
+        self.score = reward_scorer(self.task, self.reward_failures)
+        self.bad_steps = 0
+
+    def _restore(self) -> None:
+        path = ckpt.latest_checkpoint(self.run_dir)
+        ckpt.load_weights_into(self.model, path)
+        state = ckpt.load_trainer_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_ctrl.load_state_dict(state["lr_controller"])
+        self.start_step = state["step"]
+        self.history = state.get("history", self.history)
+        ckpt.set_rng_state(state["rng"])
+        self._log(f"resumed from {path} at step {self.start_step}")
+
+    # ------------------------------------------------------------------------------------------ pieces
+    def _log(self, msg: str) -> None:
+        if not self.quiet:
+            print(f"[oblr] {msg}", flush=True)
+
+    def _prompt_indices(self, step: int) -> list[int]:
+        """N training prompts for ``step``: an epoch-wise shuffle that depends only on (seed, step)."""
+        n_train, N = len(self.task.train), self.cfg.rollout.prompts_per_step
+        out = []
+        for pos in range(step * N, (step + 1) * N):
+            epoch, i = divmod(pos, n_train)
+            g = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + epoch)
+            out.append(int(torch.randperm(n_train, generator=g)[i]))
+        return out
+
+    def evaluate(self, step: int) -> dict:
+        """Held-out accuracy: sampled (rollout temperature, fixed seed) and greedy. Training RNG untouched."""
+        if not self.eval_examples:
+            return {}
+        cfg, t0 = self.cfg, time.perf_counter()
+        rng = ckpt.rng_state()
+        self.model.eval()
+        k, exs = cfg.train.eval_samples, self.eval_examples
+        sampling = dict(max_new_tokens=cfg.rollout.max_new_tokens)
+        sampled, scores = generate_and_score(self.engine, exs, self.score, num_samples=k, **sampling,
+                                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                             seed=cfg.train.seed + 12345)
+        out = {"eval/accuracy_sampled": scores.mean().item(),
+               "eval/response_length_mean": sampled.response_lengths.float().mean().item()}
+        rows = [{"prompt": ex.prompt, "answer": ex.answer, "response": r} for ex, r in
+                zip([ex for ex in exs for _ in range(k)], sampled.responses)]
+        if cfg.train.eval_greedy:
+            greedy, scores = generate_and_score(self.engine, exs, self.score, num_samples=1, **sampling, greedy=True)
+            out["eval/accuracy_greedy"] = scores.mean().item()
+            rows = [{"prompt": ex.prompt, "answer": ex.answer, "greedy": r, "reward": s.item()}
+                    for ex, r, s in zip(exs, greedy.responses, scores)]
+        ckpt.set_rng_state(rng)
+        samples = self.run_dir / "samples"
+        samples.mkdir(exist_ok=True)
+        with open(samples / f"eval_step_{step:06d}.jsonl", "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        out["time/eval"] = time.perf_counter() - t0
+        self.history["eval"].append({"step": step, **out})
+        return out
+
+    def train_step(self, step: int) -> dict:
+        cfg, times = self.cfg, {}
+        N, G = cfg.rollout.prompts_per_step, cfg.rollout.group_size
+        t0 = time.perf_counter()
+        examples = [self.task.train[i] for i in self._prompt_indices(step)]
+        self.model.eval()
+        failures_before = self.reward_failures.count
+        timed = {}  # generation and scoring timed apart
+
+        def score(responses, rows):
+            timed["generated"] = time.perf_counter()
+            return self.score(responses, rows)
+
+        batch, rewards = generate_and_score(self.engine, examples, score, num_samples=G,
+                                            max_new_tokens=cfg.rollout.max_new_tokens,
+                                            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+        rewards = rewards.view(N, G)
+        times["time/generate"] = timed["generated"] - t0
+        times["time/score"] = time.perf_counter() - timed["generated"]
+
+        t2 = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        res = accumulate_policy_gradient(self.model, batch, rewards.to(self.device), self.settings,
+                                         ref_model=self.ref_model)
+        metrics = dict(res.metrics)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_sq = grad_sq_norm(self.model)  # of the gradient about to be applied (= res.grad_sq_norm)
+        times["time/norms"] = time.perf_counter() - t2
+
+        t3 = time.perf_counter()
+        finite = bool(torch.isfinite(grad_sq)) and bool(torch.isfinite(torch.as_tensor(metrics["optim/loss"])))
+        metrics["optim/grad_norm"] = grad_sq.sqrt()
+        if finite:
+            self.bad_steps = 0
+            self.lr_ctrl.step(res.snr)
+            if cfg.optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+            self.optimizer.step()
+            self.engine.sync_weights(self.model)
+            for _ in range(cfg.algorithm.epochs - 1):
+                self.optimizer.zero_grad(set_to_none=True)
+                metrics.update(accumulate_clipped_gradient(self.model, batch, res, self.settings))
+                if cfg.optim.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+                self.optimizer.step()
+                self.engine.sync_weights(self.model)
+        else:
+            self.bad_steps += 1
+            self.optimizer.zero_grad(set_to_none=True)
+        metrics["optim/skipped"] = 0.0 if finite else 1.0
+        if res.snr is not None and not self.lr_ctrl.needs_snr:  # algorithm.track_snr with a fixed schedule
+            metrics.update(res.snr.metrics())
+        metrics.update(self.lr_ctrl.metrics())
+        metrics["optim/lr"] = self.lr_ctrl.get_last_lr()[0]
+        times["time/update"] = time.perf_counter() - t3
+
+        lens = batch.response_lengths.float()
+        metrics.update({
+            "train/reward_mean": rewards.mean(),
+            "train/pass_rate": (rewards >= 1.0 - 1e-6).float().mean(),
+            "train/pass_at_g": (rewards >= 1.0 - 1e-6).any(1).float().mean(),
+            "train/all_equal_share": (rewards.max(1).values == rewards.min(1).values).float().mean(),
+            "train/response_length_mean": lens.mean(), "train/response_length_max": lens.max(),
+            "train/truncated_share": (~batch.finished).float().mean(),
+            "train/reward_failures": self.reward_failures.count - failures_before,
+        })
+        times["time/step"] = time.perf_counter() - t0
+        metrics.update(times)
+        out = {k: _to_float(v) for k, v in metrics.items()}
+        if not finite and self.bad_steps >= cfg.train.max_bad_steps:
+            self.logger.log(step + 1, out)
+            raise TrainingError(f"{self.bad_steps} consecutive steps had a non-finite loss or gradient; stopping. "
+                                f"The last checkpoint in {self.run_dir / 'checkpoints'} is intact.")
+        return out
+
+    def save(self, step: int) -> None:
+        state = {"optimizer": self.optimizer.state_dict(), "lr_controller": self.lr_ctrl.state_dict(),
+                 "history": self.history, "config": self.cfg.to_dict()}
+        ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer, state,
+                             keep=self.cfg.train.keep_checkpoints)
+
+    # ------------------------------------------------------------------------------------------ loop
+    def run(self) -> dict:
+        wall0 = time.perf_counter()
+        self._setup()
+        cfg, t = self.cfg, self.cfg.train
+        step = self.start_step
+        self._log(f"run folder: {self.run_dir}  ({cfg.algorithm.baseline} baseline, {cfg.algorithm.lr_schedule} lr, "
+                  f"N={cfg.rollout.prompts_per_step} G={cfg.rollout.group_size}, {t.steps} steps, device {self.device})")
+        try:
+            if step == 0 and not self.history["eval"]:
+                self.logger.log(0, self.evaluate(0))
+            while step < t.steps:
+                metrics = self.train_step(step)
+                step += 1
+                if (t.eval_every and step % t.eval_every == 0) or step == t.steps:
+                    metrics.update(self.evaluate(step))
+                self.logger.log(step, metrics)
+                if self.progress:
+                    self.progress.update(step, metrics)
+                if (t.save_every and step % t.save_every == 0) or step == t.steps:
+                    self.save(step)
+        except KeyboardInterrupt:
+            if step > self.start_step:
+                self.save(step)
+            self._log(f"interrupted at step {step}; checkpoint saved, resume with --resume "
+                      f"--output-dir {self.run_dir}")
+            raise
+        finally:
+            if self.progress:
+                self.progress.close()
+            self.logger.close()
+            self.engine.close()
+        summary = self._summary(step, time.perf_counter() - wall0)
+        if t.plots:
+            from oblr.experiments.report import plot_run
+
+            summary["plots"] = [str(p) for p in plot_run(self.run_dir)]
+        ckpt.write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        self._print_summary(summary)
+        return summary
+
+    def _summary(self, steps: int, wall: float) -> dict:
+        evals = self.history["eval"]
+        s = {"run_dir": str(self.run_dir), "baseline": self.cfg.algorithm.baseline,
+             "lr_schedule": self.cfg.algorithm.lr_schedule, "seed": self.cfg.train.seed, "steps": steps,
+             "wall_seconds": round(wall, 1), "eval_metric": "accuracy_sampled"}
+        for kind in ("sampled", "greedy"):
+            vals = [e[f"eval/accuracy_{kind}"] for e in evals if f"eval/accuracy_{kind}" in e]
+            if vals:
+                prefix = "eval_accuracy" if kind == "sampled" else "eval_accuracy_greedy"
+                s[f"{prefix}_initial"], s[f"{prefix}_final"], s[f"{prefix}_best"] = vals[0], vals[-1], max(vals)
+        return s
+
+    def _print_summary(self, s: dict) -> None:
+        if self.quiet:
+            return
+        lines = [f"done: {s['steps']} steps in {s['wall_seconds']:.0f} s, run folder {s['run_dir']}"]
+        for kind, prefix in (("sampled", "eval_accuracy"), ("greedy", "eval_accuracy_greedy")):
+            if f"{prefix}_initial" in s:
+                lines.append(f"held-out accuracy ({kind}): {100 * s[prefix + '_initial']:.1f}% -> "
+                             f"{100 * s[prefix + '_final']:.1f}% (best {100 * s[prefix + '_best']:.1f}%)")
+        if s.get("plots"):
+            lines.append(f"plots: {Path(s['plots'][0]).parent}")
+        print("\n".join("[oblr] " + ln for ln in lines), flush=True)
+
+
+def train(cfg: Config, *, resume: bool = False, quiet: bool = False) -> dict:
+    """Run training from a validated config; returns the summary dict (also in run_dir/summary.json)."""
+    return Trainer(cfg, resume=resume, quiet=quiet).run()
+

@@ -1,0 +1,45 @@
+"""oblr.registry.Registry, and that every name-chosen thing of oblr is one of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from oblr.registry import Registry, UnknownNameError
+
+
+def test_register_get_names_contains():
+    reg = Registry("widget")
+
+    @reg.register("b")
+    def b():
+        return "b"
+
+    reg.register("a", 1)
+    assert reg.get("b") is b and reg.get("a") == 1 and reg.names() == ["a", "b"] and list(reg) == ["a", "b"]
+    assert "a" in reg and "c" not in reg and len(reg) == 2 and reg.items() == [("a", 1), ("b", b)]
+    with pytest.raises(ValueError, match="widget 'a' is already registered"):
+        reg.register("a", 2)
+    with pytest.raises(UnknownNameError) as e:
+        reg.get("c")
+    assert str(e.value) == "unknown widget 'c'; registered: a, b"
+    assert isinstance(e.value, KeyError) and isinstance(e.value, ValueError)
+    assert reg.unregister("a") == 1 and reg.names() == ["b"]
+    with pytest.raises(ValueError, match="non-empty string"):
+        reg.register("")
+
+
+def test_lazy_modules_are_imported_on_first_lookup():
+    reg = Registry("thing", modules=("oblr.no_such_module_for_the_test",))
+    assert reg.names() == []  # a missing module is skipped
+    reg2 = Registry("thing", modules=("json",))
+    assert "x" not in reg2
+
+
+def test_every_choice_of_the_config_is_a_registry_or_a_table():
+    from oblr.config import choice_fields
+
+    keys = {key for key, _, _ in choice_fields()}
+    assert keys == {"model.dtype", "task.name", "rollout.engine", "algorithm.baseline", "algorithm.lr_schedule",
+                    "algorithm.aggregation", "algorithm.norms_method", "optim.optimizer"}
+    for key, kind, names in choice_fields():
+        assert names and kind, key

@@ -1,0 +1,259 @@
+"""Experiment runner: a tiny grid through `oblr compare`, reuse on rerun, `oblr report`, plans and failures;
+the proxy study's rank statistics against scipy and its CLI over a tiny run's checkpoints."""
+
+import csv
+import json
+import math
+import shutil
+
+import pytest
+import torch
+import yaml
+
+from oblr.cli import main
+from oblr.config import ConfigError
+from oblr.experiments.grid import decide, grid_from_dict, load_grid, plan_grid
+from oblr.experiments.proxy_study import (
+    average_ranks,
+    compare_weights,
+    sequence_weights,
+    spearman_within_groups,
+)
+
+TINY = {"rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16},
+        "task": {"eval_size": 4, "options": {"n_train": 200, "n_eval": 20}},
+        "train": {"steps": 2, "eval_every": 0, "eval_samples": 1, "save_every": 1, "keep_checkpoints": 5,
+                  "threads": 1, "plots": False}}
+VARIANTS = [{"name": "oblr-snr", "algorithm.baseline": "oblr", "algorithm.lr_schedule": "snr"},
+            {"name": "rloo-const", "algorithm.baseline": "rloo", "algorithm.lr_schedule": "constant",
+             "algorithm.track_snr": True}]
+
+
+def _csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _grid_file(path, model, variants=VARIANTS, seeds=(0, 1), **extra):
+    base = json.loads(json.dumps(TINY))
+    base["model"] = {"name_or_path": str(model)}
+    path.write_text(yaml.safe_dump({"base": base, "seeds": list(seeds), "runs": variants, **extra}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def grid_run(small_builtin, tmp_path_factory):
+    """The tiny grid (2 variants x 2 seeds x 2 steps), run once through the CLI."""
+    tmp = tmp_path_factory.mktemp("grid")
+    grid, out = _grid_file(tmp / "grid.yaml", small_builtin), tmp / "out"
+    assert main(["compare", "--config", str(grid), "--out", str(out)]) == 0
+    return grid, out
+
+
+def test_compare_runs_the_grid_labels_runs_and_writes_the_report(grid_run):
+    _, out = grid_run
+    for v in ("oblr-snr", "rloo-const"):
+        for s in (0, 1):
+            summary = json.loads((out / v / f"seed{s}" / "summary.json").read_text())
+            assert summary["label"] == v and summary["grid_seed"] == s and summary["steps"] == 2
+            cfg = yaml.safe_load((out / v / f"seed{s}" / "config.yaml").read_text())
+            assert cfg["train"]["seed"] == s
+    rloo_cfg = yaml.safe_load((out / "rloo-const" / "seed0" / "config.yaml").read_text())
+    assert rloo_cfg["algorithm"]["baseline"] == "rloo" and rloo_cfg["algorithm"]["lr_schedule"] == "constant"
+    rows = (_csv(out / "report" / "comparison.csv"))
+    assert sorted(r["group"] for r in rows) == ["oblr-snr", "rloo-const"]
+    assert all(r["runs"] == "2" for r in rows)
+    md = (out / "report" / "comparison.md").read_text()
+    assert "| oblr-snr | 2 |" in md and "| rloo-const | 2 |" in md
+    assert (out / "report" / "compare_eval_accuracy.png").is_file()
+    status = json.loads((out / "grid_status.json").read_text())
+    assert [r["status"] for r in status["runs"]] == ["done"] * 4
+    assert "oblr-snr seed=1 | done" in (out / "report" / "grid.md").read_text()
+
+
+def test_track_snr_logs_S_and_V_for_constant_lr_rows(grid_run):
+    _, out = grid_run
+    rows = [json.loads(ln) for ln in (out / "rloo-const" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert any("snr/S" in r and "snr/V" in r for r in rows)
+
+
+def test_rerun_reuses_finished_runs(grid_run, capsys):
+    grid, out = grid_run
+    before = {p: p.read_bytes() for p in out.glob("*/seed*/metrics.jsonl")}
+    assert len(before) == 4
+    assert main(["compare", "--config", str(grid), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.count(": reused (finished") == 4 and "starting" not in text
+    assert {p: p.read_bytes() for p in out.glob("*/seed*/metrics.jsonl")} == before
+    status = json.loads((out / "grid_status.json").read_text())
+    assert [r["status"] for r in status["runs"]] == ["reused"] * 4
+
+
+def test_report_rebuilds_tables_and_plots_from_folders(grid_run, tmp_path):
+    _, out = grid_run
+    assert not (out / "oblr-snr" / "seed0" / "plots").exists()  # the grid runs with train.plots=false
+    rep = tmp_path / "rep"
+    assert main(["report", str(out), "--out", str(rep)]) == 0
+    assert (out / "oblr-snr" / "seed0" / "plots" / "reward.png").is_file()
+    rows = (_csv(rep / "comparison.csv"))
+    assert sorted(r["group"] for r in rows) == ["oblr-snr", "rloo-const"]
+    per_run = (_csv(rep / "comparison_runs.csv"))
+    assert len(per_run) == 4
+    md = (rep / "comparison.md").read_text()
+    assert "oblr-snr" in md and "rloo-const" in md
+    # explicit run folders work too, and a group-by config key
+    assert main(["report", str(out / "oblr-snr" / "seed0"), str(out / "rloo-const" / "seed1"), "--out",
+                 str(tmp_path / "rep2"), "--group-by", "algorithm.baseline", "--no-run-plots"]) == 0
+    groups = sorted(r["group"] for r in _csv(tmp_path / "rep2" / "comparison.csv"))
+    assert groups == ["algorithm.baseline=oblr", "algorithm.baseline=rloo"]
+
+
+def test_dry_run_plans_resume_and_conflict_without_touching_runs(grid_run, capsys):
+    grid, out = grid_run
+    before = {p: p.read_bytes() for p in out.glob("*/seed*/summary.json")}
+    assert main(["compare", "--config", str(grid), "--out", str(out), "--dry-run", "train.steps=3"]) == 0
+    text = capsys.readouterr().out
+    assert text.count(": resume - finished at 2 steps; extending to 3") == 4
+    assert main(["compare", "--config", str(grid), "--out", str(out), "--dry-run", "optim.lr=0.5"]) == 1
+    text = capsys.readouterr().out
+    assert text.count(": conflict - ") == 4 and text.count("changed: optim.lr") == 4
+    assert {p: p.read_bytes() for p in out.glob("*/seed*/summary.json")} == before
+
+
+def test_decide_resumes_a_checkpointed_run_and_clears_a_partial_one(grid_run, tmp_path):
+    grid_path, out = grid_run
+    grid = load_grid(grid_path)
+    copy = tmp_path / "out"
+    shutil.copytree(out / "oblr-snr", copy / "oblr-snr")
+    plan = {(p.variant, p.seed): p for p in plan_grid(grid, copy)}
+    assert plan[("oblr-snr", 0)].action == "reuse" and plan[("rloo-const", 0)].action == "start"
+    run = copy / "oblr-snr" / "seed0"
+    (run / "summary.json").unlink()
+    assert decide(run, plan[("oblr-snr", 0)].cfg)[0] == "resume"
+    shutil.rmtree(run / "checkpoints")
+    assert decide(run, plan[("oblr-snr", 0)].cfg) == ("start", "partial run without checkpoint (cleared)")
+
+
+def test_a_failing_run_is_reported_and_the_others_continue(small_builtin, tmp_path, capsys):
+    variants = [{"name": "broken", "task.options": {"n_train": 200, "n_eval": 20, "difficulty": "no-such"}},
+                {"name": "fine", "train.steps": 1, "train.eval_every": 0, "train.plots": False}]
+    grid = _grid_file(tmp_path / "g.yaml", small_builtin, variants=variants, seeds=[0])
+    assert main(["compare", "--config", str(grid), "--out", str(tmp_path / "o")]) == 1
+    text = capsys.readouterr().out
+    assert "broken seed=0: FAILED" in text and "fine seed=0: done" in text
+    assert (tmp_path / "o" / "broken" / "seed0" / "grid_error.txt").is_file()
+    assert (tmp_path / "o" / "fine" / "seed0" / "summary.json").is_file()
+    assert (tmp_path / "o" / "report" / "comparison.md").is_file()
+
+
+@pytest.mark.parametrize("data, msg", [
+    ({"base": {}, "runs": [{"name": "a", "algorithm.baselin": "oblr"}]}, "run 'a': unknown config key 'algorithm.baselin'"),
+    ({"base": {}, "runs": [{"name": "a"}, {"name": "a"}]}, "duplicate run name 'a'"),
+    ({"base": {}, "runs": [{"name": "a/b"}]}, "folder-safe"),
+    ({"base": {}, "runs": [{"name": "a"}], "seeds": [0, 0]}, "duplicates"),
+    ({"base": {}, "runs": [{"name": "a"}], "sedes": [0]}, "unknown key(s) ['sedes']"),
+    ({"base": "missing.yaml", "runs": [{"name": "a"}]}, "base config 'missing.yaml' not found"),
+    ({"runs": [{"name": "a"}]}, "missing key 'base'"),
+])
+def test_bad_grids_fail_before_any_run_with_a_clear_message(tmp_path, data, msg):
+    with pytest.raises(ConfigError, match=None) as e:
+        plan_grid(grid_from_dict(data, "g.yaml"), tmp_path)
+    assert msg in str(e.value)
+    assert not any(tmp_path.iterdir())
+
+
+def test_overrides_may_not_set_seed_and_the_cli_reports_config_errors(tmp_path, capsys):
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"base": {}, "runs": [{"name": "a"}]}))
+    assert main(["compare", "--config", str(grid), "--out", str(tmp_path / "o"), "train.seed=3"]) == 2
+    assert "train.seed is set by the grid" in capsys.readouterr().err
+    assert main(["compare", "--config", str(tmp_path / "nope.yaml")]) == 2
+
+
+def test_shipped_paper_grid_is_valid():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "grid-paper-checks.yaml"
+    grid = load_grid(path)
+    assert len(grid.seeds) >= 3
+    names = {v.name for v in grid.variants}
+    plan = plan_grid(grid, Path("/nonexistent-grid-out"))
+    assert all(p.cfg.algorithm.track_snr for p in plan)
+    baselines = {p.cfg.algorithm.baseline for p in plan}
+    assert baselines >= {"oblr", "rloo", "grpo", "dr_grpo", "opo", "otb_proxy"}, names
+    const_lrs = {p.cfg.optim.lr for p in plan if p.cfg.algorithm.baseline == "oblr"
+                 and p.cfg.algorithm.lr_schedule == "constant"}
+    assert len(const_lrs) >= 3
+
+
+# ------------------------------------------------------------------------------------------- proxy study
+def test_spearman_matches_scipy_with_ties_and_constant_groups():
+    from scipy.stats import spearmanr
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 4, (50, 8), generator=g).double()  # many ties
+    y = x + torch.randint(-2, 3, (50, 8), generator=g).double()
+    x[0] = 1.0  # constant group -> NaN
+    rho = spearman_within_groups(x, y)
+    assert math.isnan(rho[0])
+    for k in range(1, 50):
+        ref = spearmanr(x[k].numpy(), y[k].numpy()).statistic
+        if math.isnan(ref):
+            assert math.isnan(rho[k])
+        else:
+            assert rho[k].item() == pytest.approx(ref, abs=1e-12)
+    assert average_ranks(torch.tensor([[3.0, 1.0, 3.0, 2.0]])).tolist() == [[3.5, 1.0, 3.5, 2.0]]
+
+
+def test_compare_weights_perfect_proxy_and_uniform_proxy():
+    g = torch.Generator().manual_seed(1)
+    rewards = torch.randint(0, 2, (40, 6), generator=g).float()
+    rewards[0] = 1.0  # uninformative group
+    exact = torch.rand(40, 6, generator=g) + 0.1
+    weights = {"exact": exact, "length": 3.0 * exact, "logit_energy": torch.ones(40, 6)}
+    per, s = compare_weights(weights, rewards)
+    assert s["rho_length_median"] == pytest.approx(1.0) and s["absdiff_length"] == pytest.approx(0.0, abs=1e-6)
+    assert s["captured_length"] == pytest.approx(1.0, abs=1e-5)
+    # uniform weights give exactly the leave-one-out mean: same as the 'uniform' row, captured 0
+    assert s["absdiff_logit_energy"] == pytest.approx(s["absdiff_uniform"], rel=1e-5)
+    assert s["captured_logit_energy"] == pytest.approx(0.0, abs=1e-5)
+    assert s["rho_logit_energy_n"] == 0 and math.isnan(s["rho_logit_energy_median"])
+    assert s["informative_groups"] == int((rewards.max(1).values != rewards.min(1).values).sum())
+    assert per["absdiff_uniform"][0] == 0.0 and not per["informative"][0]
+
+
+def test_sequence_weights_match_the_loop_reference_with_the_aggregation_scale(small_builtin):
+    from oblr.experiments.proxy_study import collect_rollouts
+    from oblr.gradnorm import length_weights, loop_sequence_sq_norms
+    from oblr.losses import sequence_scale
+    from oblr.models import load_model_and_tokenizer
+    from oblr.tasks import get_task
+
+    model, tok = load_model_and_tokenizer(small_builtin)
+    task = get_task("arithmetic", n_train=50, n_eval=5)
+    batch, rewards = collect_rollouts(model, tok, task, n_prompts=2, group_size=3, max_new_tokens=16, seed=1)
+    assert rewards.shape == (2, 3)
+    for agg in ("seq_sum_const", "seq_mean"):
+        w = sequence_weights(model, batch, aggregation=agg, max_len=16)
+        c = sequence_scale(batch.response_mask.float(), agg, max_len=16)
+        ref = loop_sequence_sq_norms(model, batch.input_ids, batch.attention_mask, batch.response_mask) * c ** 2
+        torch.testing.assert_close(w["exact"], ref.float(), rtol=1e-4, atol=1e-12)
+        torch.testing.assert_close(w["length"], length_weights(batch.response_mask))
+        assert (w["logit_energy"] > 0).all()
+
+
+def test_proxy_study_cli_over_a_runs_checkpoints(grid_run, tmp_path):
+    _, out = grid_run
+    dest = tmp_path / "ps"
+    assert main(["proxy-study", "--checkpoints", str(out / "oblr-snr" / "seed0"), "--out", str(dest),
+                 "--prompts", "4"]) == 0
+    rows = (_csv(dest / "proxy_study.csv"))
+    assert [int(r["step"]) for r in rows] == [0, 1, 2]
+    assert all(int(r["groups"]) == 4 for r in rows)
+    groups = (_csv(dest / "proxy_study_groups.csv"))
+    assert len(groups) == 12
+    for r in groups:
+        for k in ("rho_length", "rho_logit_energy"):
+            v = float(r[k])
+            assert math.isnan(v) or -1.0 - 1e-9 <= v <= 1.0 + 1e-9
+    assert (dest / "proxy_study.png").stat().st_size > 0 and "Spearman" in (dest / "proxy_study.md").read_text()

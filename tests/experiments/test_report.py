@@ -1,0 +1,242 @@
+"""Run plots, run summaries and multi-seed comparison tables, checked against direct computations on
+synthetic metric files (missing keys, NaN/Inf, a truncated last line)."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from oblr.experiments.compare import compare_runs, run_stats
+from oblr.experiments.report import plot_run
+from oblr.experiments.stats import auc_normalized, load_run, run_label, spike_count, steps_to_target
+from oblr.tracking import MetricsLogger
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+EVAL_EVERY = 5
+
+
+def _is_png(path) -> bool:
+    from matplotlib.image import imread
+
+    if path.read_bytes()[:8] != PNG_MAGIC:
+        return False
+    img = imread(path)
+    return img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+
+
+def make_run(run_dir, *, seed=0, baseline="oblr", lr_schedule="snr", steps=30, acc_offset=0.0,
+             spike_at=None, nan_at=None, truncated_tail=False, config=True):
+    """Write a synthetic run; returns the ground-truth arrays used to write it."""
+    rng = np.random.default_rng(seed + 100 * len(baseline))
+    if config:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(
+            {"seed": seed, "algorithm": {"baseline": baseline, "lr_schedule": lr_schedule}}))
+    truth = {"steps": [], "grad": [], "adv": [], "reward": [], "eval_steps": [], "acc": [], "greedy": []}
+    with MetricsLogger(run_dir) as log:
+        for s in range(1, steps + 1):
+            g = 1.0 + 0.1 * rng.random()
+            if s == spike_at:
+                g = 10.0
+            if s == nan_at:
+                g = math.inf
+            reward = 0.2 + 0.5 * s / steps + 0.05 * rng.random()
+            adv = 0.1 + 0.01 * rng.random()
+            log.log(s, {"train/reward_mean": reward, "train/pass_rate": reward / 2, "optim/grad_norm": g,
+                        "optim/lr": 1e-3 * (0.5 + 0.5 * rng.random()), "optim/skipped": int(s == nan_at),
+                        "snr/snr": 0.1 * rng.random() + 1e-3, "snr/S": rng.random(), "snr/V": 1 + rng.random(),
+                        "snr/factor": 0.5 * rng.random() + 0.01, "weights/mean": 2 + rng.random(),
+                        "weights/cv_within_group": 0.3 * rng.random(), "adv/var_across_prompts": adv,
+                        "train/response_length_mean": 40 + 10 * rng.random(), "train/entropy": rng.random(),
+                        "time/generate": 0.5, "time/norms": 0.2, "time/step": 0.8})
+            truth["steps"].append(s)
+            truth["reward"].append(reward)
+            truth["adv"].append(adv)
+            truth["grad"].append(g)
+            if s % EVAL_EVERY == 0:
+                acc = min(1.0, 0.1 + 0.6 * s / steps + acc_offset + 0.05 * rng.random())
+                greedy = math.nan if s == nan_at else acc + 0.02
+                log.log(s, {"eval/accuracy_sampled": acc, "eval/accuracy_greedy": greedy})
+                truth["eval_steps"].append(s)
+                truth["acc"].append(acc)
+                truth["greedy"].append(greedy)
+    if truncated_tail:
+        with open(run_dir / "metrics.jsonl", "a") as f:
+            f.write('{"step": 999, "train/reward_mean": 0.')
+    return {k: np.asarray(v, dtype=float) for k, v in truth.items()}
+
+
+# --------------------------------------------------------------------------------------- plot_run
+def test_plot_run_writes_valid_pngs(tmp_path):
+    make_run(tmp_path / "r", nan_at=7, truncated_tail=True)
+    paths = plot_run(tmp_path / "r")
+    names = sorted(p.stem for p in paths)
+    assert names == ["advantages", "eval_accuracy", "grad_norm", "lr_snr", "response", "reward", "time"]
+    assert all(p.parent == tmp_path / "r" / "plots" and _is_png(p) for p in paths)
+
+
+def test_plot_run_skips_missing_keys(tmp_path):
+    run = tmp_path / "sparse"
+    with MetricsLogger(run) as log:
+        log.log(1, {"train/reward_mean": 0.1, "snr/snr": 0.0})  # SNR 0 only: no usable log axis
+        log.log(2, {"train/reward_mean": math.nan, "optim/grad_norm": math.nan, "unknown/key": 1.0})
+        log.log(3, {"train/reward_mean": 0.3, "snr/snr": 0.0, "eval/accuracy_sampled": 0.5})
+    paths = plot_run(run, out_dir=tmp_path / "out")
+    # grad norm only NaN -> no grad_norm figure; snr all zero still drawn (on a linear axis)
+    assert sorted(p.stem for p in paths) == ["eval_accuracy", "lr_snr", "reward"]
+    assert all(_is_png(p) for p in paths)
+    empty = tmp_path / "empty"
+    with MetricsLogger(empty) as log:
+        log.log(0, {"something/else": 1.0})
+    assert plot_run(empty) == []
+
+
+# ---------------------------------------------------------------------------------------- run_stats
+def test_run_stats_match_direct_computation(tmp_path):
+    t = make_run(tmp_path / "r", steps=40, spike_at=25, nan_at=12, truncated_tail=True)
+    assert run_label(tmp_path / "r") == "oblr+snr seed=0"
+    rows = load_run(tmp_path / "r")
+    s = run_stats(rows, "eval/accuracy_sampled", target=0.9 * float(np.max(t["acc"])))
+    assert s["final_acc"] == pytest.approx(t["acc"][-1])
+    assert s["best_acc"] == pytest.approx(float(np.max(t["acc"])))
+    assert s["auc_acc"] == pytest.approx(np.trapezoid(t["acc"], t["eval_steps"]) / 35)
+    ok = np.isfinite(t["greedy"])  # the greedy eval at step 10 was NaN
+    sg = run_stats(rows, "eval/accuracy_greedy", target=None)
+    assert sg["final_acc"] == pytest.approx(t["greedy"][-1]) and math.isnan(sg["steps_to_target"])
+    assert sg["auc_acc"] == pytest.approx(np.trapezoid(t["greedy"][ok], t["eval_steps"][ok]) / 35)
+    g = t["grad"][np.isfinite(t["grad"])]
+    assert s["grad_norm"] == pytest.approx(g.mean()) and s["grad_norm_spikes"] == 1
+    assert s["final_reward"] == pytest.approx(t["reward"][-4:].mean())
+    assert s["adv_var"] == pytest.approx(t["adv"].mean())
+
+
+# --------------------------------------------------------------------------------------- statistics
+def test_statistics_helpers():
+    steps = np.array([0, 10, 30])
+    vals = np.array([0.0, 0.5, 0.9])
+    assert auc_normalized(steps, vals) == pytest.approx((0.25 * 10 + 0.7 * 20) / 30)
+    assert auc_normalized(np.array([5]), np.array([0.4])) == 0.4
+    assert math.isnan(auc_normalized(np.array([1]), np.array([math.nan])))
+    assert steps_to_target(steps, vals, 0.5) == 10 and steps_to_target(steps, vals, 0.95) is None
+    base = np.ones(12)
+    assert spike_count(base) == 0
+    assert spike_count(np.r_[base, 3.5, base]) == 1
+    assert spike_count(np.r_[3.5, base]) == 0  # no history yet
+    assert spike_count(np.r_[base, 2.9, math.inf, 4.0]) == 1  # inf ignored; 2.9 below 3x median
+    with pytest.raises(ValueError, match="window"):
+        spike_count(base, window=0)
+
+
+def test_run_label_sources(tmp_path):
+    d = tmp_path / "grpo_seed_3"
+    d.mkdir()
+    assert run_label(d) == "grpo_seed_3" and run_label(d, with_seed=False) == "grpo"
+    (d / "config.yaml").write_text("seed: 3\nalgorithm.baseline: rloo\n")  # flat dotted keys
+    assert run_label(d) == "rloo seed=3" and run_label(d, with_seed=False) == "rloo"
+    (d / "config.yaml").write_text(yaml.safe_dump({"seed": 1, "algorithm": {"baseline": "oblr",
+                                                                             "lr_schedule": "constant"}}))
+    assert run_label(d) == "oblr+constant seed=1"
+    (d / "summary.json").write_text('{"label": "mine"}')
+    assert run_label(d, with_seed=False) == "mine"
+    (d / "config.yaml").write_text("[1, 2]\n")
+    with pytest.raises(ValueError, match="config.yaml: expected a mapping"):
+        run_label(d)
+
+
+# ------------------------------------------------------------------------------------- compare_runs
+def _direct_group_stats(truths, target):
+    """Per-group expectations computed directly from the arrays that were written (greedy accuracy)."""
+    def mean_std(x):
+        x = np.asarray(x, dtype=float)
+        return x.mean(), (x.std(ddof=1) if x.size > 1 else math.nan)
+
+    final = [t["greedy"][np.isfinite(t["greedy"])][-1] for t in truths]
+    best = [np.nanmax(t["greedy"]) for t in truths]
+    auc = []
+    reached = []
+    for t in truths:
+        ok = np.isfinite(t["greedy"])
+        s, v = t["eval_steps"][ok], t["greedy"][ok]
+        auc.append(np.trapezoid(v, s) / (s[-1] - s[0]))
+        hit = s[v >= target]
+        if hit.size:
+            reached.append(hit[0])
+    grad = [t["grad"][np.isfinite(t["grad"])].mean() for t in truths]
+    adv = [t["adv"].mean() for t in truths]
+    return {"final_acc": mean_std(final), "best_acc": mean_std(best), "auc_acc": mean_std(auc),
+            "grad_norm": mean_std(grad), "adv_var": mean_std(adv),
+            "steps_to_target": mean_std(reached) if reached else (math.nan, math.nan), "n_reached": len(reached)}
+
+
+def test_compare_runs_table_csv_and_plots(tmp_path):
+    truths = {"oblr+snr": [], "rloo+constant": []}
+    dirs = []
+    for seed in range(3):
+        d = tmp_path / f"oblr_s{seed}"
+        truths["oblr+snr"].append(make_run(d, seed=seed, steps=30, acc_offset=0.15,
+                                           nan_at=10 if seed == 0 else None, truncated_tail=seed == 1))
+        dirs.append(d)
+        d = tmp_path / f"rloo_s{seed}"
+        truths["rloo+constant"].append(make_run(d, seed=seed, baseline="rloo", lr_schedule="constant", steps=30,
+                                                spike_at=20 if seed < 2 else None))
+        dirs.append(d)
+    out = tmp_path / "cmp"
+    res = compare_runs(dirs, out)
+    assert res["accuracy_key"] == "eval/accuracy_greedy"
+    all_best = max(np.nanmax(t["greedy"]) for ts in truths.values() for t in ts)
+    assert res["target"] == pytest.approx(0.9 * all_best)
+    groups = {g["group"]: g for g in res["groups"]}
+    assert set(groups) == set(truths) and all(g["runs"] == 3 for g in groups.values())
+    for name, ts in truths.items():
+        exp = _direct_group_stats(ts, res["target"])
+        g = groups[name]
+        for m in ("final_acc", "best_acc", "auc_acc", "grad_norm", "adv_var", "steps_to_target"):
+            assert g[f"{m}_mean"] == pytest.approx(exp[m][0], nan_ok=True), (name, m)
+            assert g[f"{m}_std"] == pytest.approx(exp[m][1], nan_ok=True), (name, m)
+        assert g["steps_to_target_n"] == exp["n_reached"]
+    assert groups["rloo+constant"]["grad_norm_spikes_mean"] == pytest.approx(2 / 3)
+    assert groups["oblr+snr"]["grad_norm_spikes_mean"] == 0.0
+
+    with open(out / "comparison.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["group"] for r in rows] == sorted(truths)
+    for r in rows:
+        assert float(r["final_acc_mean"]) == pytest.approx(groups[r["group"]]["final_acc_mean"])
+        assert float(r["adv_var_std"]) == pytest.approx(groups[r["group"]]["adv_var_std"])
+    with open(out / "comparison_runs.csv") as f:
+        assert len(list(csv.DictReader(f))) == 6
+    md = (out / "comparison.md").read_text()
+    g = groups["oblr+snr"]
+    assert f"| oblr+snr | 3 | {g['final_acc_mean']:.3f} ± {g['final_acc_std']:.3f} |" in md
+    assert "eval/accuracy_greedy" in md
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == ["compare_eval_accuracy.png", "compare_grad_norm.png", "compare_lr.png", "compare_reward.png",
+                    "compare_snr.png"]
+    assert all(_is_png(out / p) for p in pngs)
+
+
+def test_compare_runs_grouping_options_and_errors(tmp_path):
+    dirs = []
+    for i, (b, sched) in enumerate([("oblr", "snr"), ("oblr", "constant"), ("rloo", "snr")]):
+        d = tmp_path / f"run{i}"
+        make_run(d, seed=i, baseline=b, lr_schedule=sched, steps=10)
+        dirs.append(d)
+    res = compare_runs(dirs, tmp_path / "a", group_by="algorithm.baseline", accuracy_key="eval/accuracy_sampled",
+                       target=2.0, plots=False)
+    groups = {g["group"]: g for g in res["groups"]}
+    assert set(groups) == {"algorithm.baseline=oblr", "algorithm.baseline=rloo"}
+    assert groups["algorithm.baseline=oblr"]["runs"] == 2
+    assert math.isnan(groups["algorithm.baseline=rloo"]["final_acc_std"])  # one run: no std
+    assert groups["algorithm.baseline=oblr"]["steps_to_target_n"] == 0  # target never reached
+    assert "| algorithm.baseline=rloo | 1 |" in (tmp_path / "a" / "comparison.md").read_text()
+    res = compare_runs(dirs, tmp_path / "b", group_by=lambda d: "all")
+    assert [g["group"] for g in res["groups"]] == ["all"]
+    assert not list((tmp_path / "a").glob("*.png")) and len(list((tmp_path / "b").glob("*.png"))) == 5
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
+        compare_runs([tmp_path / "missing"], tmp_path / "c")
+    with pytest.raises(TypeError, match="group_by"):
+        compare_runs(dirs, tmp_path / "c", group_by=3)

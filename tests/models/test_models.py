@@ -1,0 +1,159 @@
+"""Built-in tokenizer and model: build (atomic, deterministic), resolve, load through from_pretrained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import oblr.models.builtin as bm
+from oblr.models import builtin_model_dir, load_model_and_tokenizer, resolve_model_path
+from oblr.models.tokenizer import EOS, PAD, UNK, build_tokenizer
+
+TINY = {"sft_steps": 3, "batch_size": 8, "n_train": 200, "n_measure": 8, "progress": None}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return bm.build_builtin_model(tmp_path_factory.mktemp("cache") / "m", seed=0, **TINY)
+
+
+def test_tokenizer_roundtrip_and_specials(tmp_path):
+    tok = build_tokenizer()
+    s = "Q: (17+5)*3-8\nA: 17+5=22 22*3=66 66-8=58 #### 58"
+    ids = tok(s, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == s
+    pieces = tok.convert_ids_to_tokens(ids)
+    assert pieces[:3] == ["Q:", " ", "("] and "####" in pieces and "A:" in pieces
+    assert all(len(p) == 1 for p in pieces if p not in ("Q:", "A:", "####"))
+    assert (tok.pad_token, tok.eos_token, tok.unk_token) == (PAD, EOS, UNK)
+    assert tok("x", add_special_tokens=False)["input_ids"] == [tok.unk_token_id]
+    assert tok(s)["input_ids"] == ids  # no BOS/EOS added on encoding
+    assert tok.decode(ids + [tok.eos_token_id, tok.pad_token_id], skip_special_tokens=True) == s
+    tok.save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert again(s, add_special_tokens=False)["input_ids"] == ids
+    assert again.padding_side == "left" and again.pad_token_id == tok.pad_token_id
+
+
+def test_build_writes_a_complete_checkpoint(built):
+    names = {p.name for p in built.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", bm.METADATA_FILE} <= names
+    meta = json.loads((built / bm.METADATA_FILE).read_text())
+    assert meta["seed"] == 0 and meta["sft_steps"] == 3 and isinstance(meta["final_sft_loss"], float)
+    assert 0.0 <= meta["accuracy_sampled_t1"] <= 1.0 and 0.0 <= meta["accuracy_greedy"] <= 1.0
+    assert {"torch", "transformers", "tokenizers"} <= set(meta["versions"])
+    assert not [p for p in built.parent.iterdir() if p.name.startswith(".tmp-")]  # temp dir cleaned
+
+
+def test_load_built_model_through_from_pretrained(built):
+    model, tok = load_model_and_tokenizer(built)
+    assert type(model).__name__ == "Qwen3ForCausalLM" and not model.training
+    assert model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    assert tok.padding_side == "left" and tok.pad_token_id is not None
+    # the weights are the saved ones: the same logits as a second, independent load
+    model2, _ = load_model_and_tokenizer(str(built), dtype="float32")
+    x = torch.tensor([tok("Q: 1+2\nA:", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=x).logits, model2(input_ids=x).logits)
+    assert model(input_ids=x).logits.shape[-1] >= len(tok)
+
+
+def test_build_is_deterministic(built, tmp_path):
+    again = bm.build_builtin_model(tmp_path / "m", seed=0, **TINY)
+    from safetensors.torch import load_file
+
+    a, b = load_file(built / "model.safetensors"), load_file(again / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    other = bm.build_builtin_model(tmp_path / "o", seed=1, **TINY)
+    c = load_file(other / "model.safetensors")
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_builtin_name_resolves_to_cache_and_builds_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("OBLR_CACHE_DIR", str(tmp_path))
+    target = tmp_path / "models" / "tiny-arith-v1"
+    assert builtin_model_dir() == target
+    with pytest.raises(FileNotFoundError, match="built-in model not found"):
+        resolve_model_path("builtin", build=False)
+    # an interrupted build (no metadata) is not taken for a model
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    monkeypatch.setitem(bm.SFT_DEFAULTS, "sft_steps", 3)
+    monkeypatch.setitem(bm.SFT_DEFAULTS, "batch_size", 8)
+    monkeypatch.setattr(bm, "N_TRAIN", 200)
+    monkeypatch.setattr(bm, "N_MEASURE", 8)
+    calls = []
+    real = bm.build_builtin_model
+
+    def counting_build(out, **kw):
+        calls.append(out)
+        return real(out, progress=None, **kw)
+
+    monkeypatch.setattr(bm, "build_builtin_model", counting_build)
+    _model, _tok = load_model_and_tokenizer("builtin:tiny-arith")
+    assert calls == [target] and bm.is_current_build(target)
+    assert resolve_model_path("BUILTIN") == target
+    load_model_and_tokenizer("builtin")
+    assert len(calls) == 1  # built on first use only
+    # a cached build from another recipe is rebuilt
+    monkeypatch.setitem(bm.SFT_DEFAULTS, "sft_steps", 2)
+    assert not bm.is_current_build(target)
+    resolve_model_path("builtin")
+    assert len(calls) == 2 and json.loads((target / bm.METADATA_FILE).read_text())["sft_steps"] == 2
+
+
+def test_publish_keeps_an_existing_complete_build(built, tmp_path):
+    import shutil
+
+    out = tmp_path / "m"
+    shutil.copytree(built, out)
+    (out / "marker").write_text("first")
+    tmp = tmp_path / ".tmp-m-x"
+    shutil.copytree(built, tmp)
+    bm._publish(tmp, out, overwrite=False)  # a second builder finishing later
+    assert (out / "marker").is_file()
+    assert bm.build_builtin_model(out, **TINY) == out  # complete: returns without rebuilding
+    assert (out / "marker").is_file()
+
+
+def test_missing_paths_raise_clear_errors(tmp_path, monkeypatch):
+    missing = tmp_path / "nope"
+    with pytest.raises(FileNotFoundError, match=str(missing)):
+        load_model_and_tokenizer(str(missing))
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        resolve_model_path(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE"):
+        resolve_model_path("someone/not-a-cached-model")
+    with pytest.raises(ValueError, match="dtype"):
+        load_model_and_tokenizer("builtin", dtype="int8")
+
+
+def test_pad_token_defaults_to_eos(tmp_path):
+    from conftest import tiny_qwen3
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.WordLevel({"</s>": 0, "<unk>": 1, "a": 2, "b": 3}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>", unk_token="<unk>").save_pretrained(tmp_path)
+    tiny_qwen3(vocab_size=4).save_pretrained(tmp_path)
+    model, tok = load_model_and_tokenizer(tmp_path)
+    assert tok.pad_token == "</s>" and tok.pad_token_id == tok.eos_token_id == 0
+    assert tok.padding_side == "left"
+    assert model.config.pad_token_id == 0
+
+
+def test_bad_build_arguments(tmp_path):
+    with pytest.raises(ValueError, match="digit_noise"):
+        bm.build_builtin_model(tmp_path / "x", digit_noise=1.5, **TINY)
+    with pytest.raises(ValueError, match="sft_steps"):
+        bm.build_builtin_model(tmp_path / "x", **{**TINY, "sft_steps": -1})
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,210 @@
+"""End-to-end trainer tests on a test-sized built-in model: a few steps, tiny settings."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from oblr.cli import main
+from oblr.config import load_config
+from oblr.tracking import read_metrics
+from oblr.train.trainer import Trainer, TrainingError
+
+TINY = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=24", "task.eval_size=8",
+        "train.eval_samples=2", "train.threads=1", "task.options={n_train: 200, n_eval: 20}"]
+
+SPEC_KEYS = ["snr/lr", "snr/S", "snr/V", "snr/snr", "weights/mean", "weights/cv_within_group", "baseline/mean",
+             "baseline/std_across_prompts", "adv/var_across_prompts", "baseline/fallback_count", "optim/grad_norm",
+             "train/reward_mean", "train/pass_rate", "train/all_equal_share", "train/response_length_mean",
+             "train/entropy", "time/generate", "time/score", "time/norms", "time/update"]
+
+
+def _args(model, out, steps, *extra):
+    return ["train", f"model.name_or_path={model}", f"train.steps={steps}", *TINY, *extra, "--output-dir", str(out),
+            "--quiet"]
+
+
+def test_train_end_to_end_writes_metrics_summary_plots_checkpoint(small_builtin, tmp_path):
+    out = tmp_path / "run"
+    assert main(_args(small_builtin, out, 2, "train.eval_every=1")) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for k in ("eval_accuracy_initial", "eval_accuracy_final", "eval_accuracy_best", "steps", "wall_seconds"):
+        assert k in summary
+    assert summary["steps"] == 2
+    rows = read_metrics(out)
+    train_rows = [r for r in rows if "train/reward_mean" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    for k in SPEC_KEYS:
+        assert k in train_rows[0], k
+    assert {p.name for p in (out / "plots").glob("*.png")} >= {"reward.png", "lr_snr.png", "eval_accuracy.png",
+                                                               "grad_norm.png"}
+    ck = out / "checkpoints" / "step_000002"
+    assert (ck / "model.safetensors").is_file() and (ck / "tokenizer.json").is_file()
+    assert (out / "config.yaml").is_file() and list((out / "samples").glob("eval_step_*.jsonl"))
+
+
+def test_existing_run_is_never_overwritten(small_builtin, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(_args(small_builtin, out, 1, "train.plots=false")) == 0
+    before = (out / "metrics.jsonl").read_bytes()
+    assert main(_args(small_builtin, out, 1)) == 2
+    assert "already holds a run; pass --resume" in capsys.readouterr().err
+    assert (out / "metrics.jsonl").read_bytes() == before
+
+
+def _train_rows(out):
+    return {r["step"]: r for r in read_metrics(out) if "train/reward_mean" in r}
+
+
+def test_resume_reproduces_the_straight_run(small_builtin, tmp_path):
+    common = ["train.eval_every=2", "train.save_every=2", "train.plots=false"]
+    a, b = tmp_path / "straight", tmp_path / "resumed"
+    assert main(_args(small_builtin, a, 4, *common)) == 0
+    assert main(_args(small_builtin, b, 2, *common)) == 0
+    assert main(_args(small_builtin, b, 4, *common) + ["--resume"]) == 0
+    ra, rb = _train_rows(a), _train_rows(b)
+    assert sorted(rb) == [1, 2, 3, 4]
+    for step in (3, 4):
+        for k in ("train/reward_mean", "optim/grad_norm", "snr/lr", "snr/S", "snr/V", "train/response_length_mean"):
+            assert rb[step][k] == pytest.approx(ra[step][k], rel=1e-4, abs=1e-7), (step, k)
+    sa, sb = json.loads((a / "summary.json").read_text()), json.loads((b / "summary.json").read_text())
+    assert sb["eval_accuracy_final"] == pytest.approx(sa["eval_accuracy_final"])
+
+
+def test_resume_rejects_a_changed_config(small_builtin, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(_args(small_builtin, out, 1, "train.plots=false")) == 0
+    assert main(_args(small_builtin, out, 2, "optim.lr=0.5") + ["--resume"]) == 2
+    assert "changed keys: optim.lr" in capsys.readouterr().err
+
+
+def test_interrupt_saves_completed_steps_and_resumes(small_builtin, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    original = Trainer.train_step
+
+    def interrupted(self, step):
+        if step == 2:
+            raise KeyboardInterrupt
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    assert main(_args(small_builtin, out, 5, "train.save_every=0", "train.plots=false")) == 130
+    monkeypatch.setattr(Trainer, "train_step", original)
+    assert (out / "checkpoints" / "LATEST").read_text().strip() == "step_000002"
+    assert main(_args(small_builtin, out, 3, "train.save_every=0", "train.plots=false") + ["--resume"]) == 0
+    assert sorted(_train_rows(out)) == [1, 2, 3]
+
+
+def test_sigint_to_a_real_process_leaves_a_loadable_checkpoint(small_builtin, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "oblr.cli", *_args(small_builtin, out, 500, "train.save_every=0",
+                                                     "train.eval_every=0", "train.plots=false")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:  # wait for a finished step, not a fixed time
+            if (out / "metrics.jsonl").is_file() and len(_train_rows(out)) >= 1:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=240) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    from oblr.train.checkpoint import latest_checkpoint, load_trainer_state
+
+    ck = latest_checkpoint(out)
+    assert ck is not None and load_trainer_state(ck)["step"] >= 1
+
+
+def test_nan_gradients_skip_steps_then_stop(small_builtin, tmp_path, monkeypatch):
+    import oblr.train.trainer as tr
+
+    real = tr.accumulate_policy_gradient
+
+    def poisoned(model, *a, **k):
+        res = real(model, *a, **k)
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.fill_(float("nan"))
+        return res
+
+    monkeypatch.setattr(tr, "accumulate_policy_gradient", poisoned)
+    cfg = load_config(None, [f"model.name_or_path={small_builtin}", "train.steps=5", "train.max_bad_steps=2",
+                             "train.plots=false", f"train.output_dir={tmp_path / 'run'}", *TINY])
+    trainer = Trainer(cfg, quiet=True)
+    with pytest.raises(TrainingError, match="2 consecutive steps"):
+        trainer.run()
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    rows = _train_rows(tmp_path / "run")
+    assert [r["optim/skipped"] for r in rows.values()] == [1.0, 1.0]
+    from oblr.models import load_model_and_tokenizer
+
+    fresh, _ = load_model_and_tokenizer(str(small_builtin))
+    for n, p in fresh.named_parameters():  # skipped steps never touched the weights
+        assert torch.equal(p, before[n]), n
+
+
+def test_missing_model_path_fails_before_training(tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    assert main(["train", f"model.name_or_path={missing}", "--output-dir", str(tmp_path / "r"), "--quiet"]) == 2
+    assert str(missing) in capsys.readouterr().err
+
+
+def test_bad_config_fails_with_the_key(capsys):
+    assert main(["train", "rollout.group_size=1"]) == 2
+    assert "rollout.group_size" in capsys.readouterr().err
+    assert main(["train", "optim.lrr=1"]) == 2
+    assert "did you mean 'optim.lr'" in capsys.readouterr().err
+
+
+def test_help_lists_config_keys(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "algorithm.lr_schedule" in capsys.readouterr().out
+
+
+
+
+def test_malformed_data_names_file_and_line_before_model_loads(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"\n')
+    import oblr.models
+
+    def no_model(*a, **k):
+        raise AssertionError("the model must not load before the data is validated")
+
+    monkeypatch.setattr(oblr.models, "load_model_and_tokenizer", no_model)
+    rc = main(["train", "task.name=math_data", f"task.options={{train: {data}, eval: {data}}}",
+               "rollout.prompts_per_step=2", "--output-dir", str(tmp_path / "run"), "--quiet"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"{data}:2" in err
+
+
+def test_math_task_prompts_use_the_models_chat_template_like_oblr_eval(small_builtin, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path / "chat-model"
+    shutil.copytree(small_builtin, model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>"
+    tok.save_pretrained(model_dir)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"question": "{i}+1?", "answer": "{i + 1}"}}\n' for i in range(4)))
+    cfg = load_config(None, [f"model.name_or_path={model_dir}", "task.name=math_data", "rollout.prompts_per_step=2",
+                             f"task.options={{train: {data}, eval: {data}, kind: gsm8k}}",
+                             f"train.output_dir={tmp_path / 'run'}"])
+    trainer = Trainer(cfg, quiet=True)
+    trainer._setup()
+    trainer.logger.close()
+    assert trainer.task.train[0].prompt.startswith("<|user|>0+1?")
+    assert trainer.eval_examples[0].prompt.endswith("<|assistant|>")
