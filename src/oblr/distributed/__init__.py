@@ -37,12 +37,12 @@ from .env import (
     world_size,
 )
 from .layout import check_layout, prompt_slice, row_slice, shard_rows, split_evenly
-from .parallel import PARALLEL_MODES, Replicated, Sharded, make_parallel
+from .parallel import PARALLEL, Replicated, Sharded, Single, make_parallel
 from .seeding import rank_seed, seed_all, seed_rank
 from .step import DataParallelUpdate, clip_grads_, data_parallel_clipped_gradient, data_parallel_gradient
 
 __all__ = [
-    "PARALLEL_MODES", "DataParallelUpdate", "DistEnv", "DistributedSetupError", "Replicated", "Sharded",
+    "PARALLEL", "Single", "DataParallelUpdate", "DistEnv", "DistributedSetupError", "Replicated", "Sharded",
     "all_gather_cat", "all_gather_objects", "all_reduce_grads", "all_reduce_sum", "broadcast_", "broadcast_object",
     "check_layout", "clip_grads_", "data_parallel_clipped_gradient", "data_parallel_gradient", "global_totals",
     "grad_sq_norm", "init_distributed", "is_distributed", "is_main", "launched", "make_parallel", "prompt_slice",

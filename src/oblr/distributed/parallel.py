@@ -1,4 +1,5 @@
-"""The two ways to spread a model over ranks, chosen by name: ``ddp`` (replicas) and ``fsdp`` (shards).
+"""The ways to place a model over ranks, chosen by name (:data:`PARALLEL`): ``none`` (one process),
+``ddp`` (replicas) and ``fsdp`` (shards).
 
 Each mode is an object with one interface, used by :func:`oblr.distributed.step.data_parallel_gradient`:
 
@@ -22,11 +23,35 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from oblr.registry import Registry
+
 from .collectives import DEFAULT_BUCKET_MB, all_reduce_grads
-from .env import DistributedSetupError, is_distributed, require_launch
+from .env import is_distributed, require_launch
 from .fsdp import ShardedGradSink, shard_model
 
+PARALLEL = Registry("distributed strategy")
 
+
+@PARALLEL.register("none")
+class Single:
+    """One process: the model as it is, ``.grad`` filled in place, nothing to reduce."""
+
+    name = "none"
+
+    def __init__(self, **_options):
+        pass
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def grad_sink(self):
+        return None
+
+    def reduce_grads(self, params) -> None:
+        pass
+
+
+@PARALLEL.register("ddp")
 class Replicated:
     """Data parallel with a full replica per rank; gradients summed by one bucketed all-reduce per step."""
 
@@ -50,6 +75,7 @@ class Replicated:
         all_reduce_grads(params, bucket_mb=self.bucket_mb)
 
 
+@PARALLEL.register("fsdp")
 class Sharded:
     """FSDP2: parameters, gradients and optimizer state sharded over ranks (``fully_shard``)."""
 
@@ -76,11 +102,6 @@ class Sharded:
             self._sink = None
 
 
-PARALLEL_MODES = {"ddp": Replicated, "fsdp": Sharded}
-
-
 def make_parallel(mode: str, **options):
-    """The data-parallel mode ``mode`` (``ddp`` | ``fsdp``) with its options."""
-    if mode not in PARALLEL_MODES:
-        raise DistributedSetupError(f"unknown parallel mode {mode!r}; known: {', '.join(PARALLEL_MODES)}")
-    return PARALLEL_MODES[mode](**options)
+    """The data-parallel mode ``mode`` (a name of :data:`PARALLEL`) with its options."""
+    return PARALLEL.get(mode)(**options)

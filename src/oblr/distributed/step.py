@@ -31,6 +31,7 @@ from oblr.snr import SNRStats, snr_statistics
 from oblr.update import UpdateResult, UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
 
 from .collectives import all_gather_cat, broadcast_, global_totals, grad_sq_norm, reduce_metrics
+from .env import is_distributed
 
 
 @dataclass
@@ -76,6 +77,11 @@ def data_parallel_gradient(model, batch, rewards: torch.Tensor, settings: Update
     """
     n_local, G = rewards.shape
     rm = batch.response_mask
+    if not is_distributed():  # one process: the ordinary step, bit for bit
+        res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=ref_model)
+        st = res.snr
+        return DataParallelUpdate(res, BatchTotals.of(rm), n_local, res.grad_sq_norm,
+                                  *((st.S, st.V, st.snr) if st is not None else ()))
     totals = global_totals(rm)
     if totals.sequences % G:
         raise ValueError(f"the ranks hold {totals.sequences} sequences in all, not a multiple of G = {G}")
