@@ -57,6 +57,10 @@ class Case:
     tied: bool = True
     #: prompt groups per micro-batch for grpo / oblr / two_backward (0 = the whole batch, the trainer default)
     micro_batch_groups: int = 0
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 0  # 0: hidden / heads
+    intermediate: int = 0  # 0: 3 * hidden
 
     @property
     def name(self) -> str:
@@ -67,18 +71,28 @@ class Case:
                 f"T = {self.prompt_len}+{self.response_len}; B = {self.n_prompts}x{self.group_size}{mb}")
 
 
-def build_model(case: Case, seed: int = 0):
-    """Random-init ``Qwen3ForCausalLM`` (float32, train mode, sdpa attention): 4 heads, 2 KV heads, MLP 3x."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def qwen3_config(case: Case):
+    """The ``Qwen3Config`` of a case (sdpa attention); by default 4 heads, 2 KV heads, MLP 3x hidden."""
+    from transformers import Qwen3Config
 
-    if case.hidden % 4:
-        raise ValueError(f"hidden must be a multiple of 4 (4 attention heads), got {case.hidden}")
+    if not case.head_dim and case.hidden % case.heads:
+        raise ValueError(f"hidden must be a multiple of heads ({case.heads}), got {case.hidden}")
+    return Qwen3Config(vocab_size=case.vocab, hidden_size=case.hidden,
+                       intermediate_size=case.intermediate or 3 * case.hidden, num_hidden_layers=case.layers,
+                       num_attention_heads=case.heads, num_key_value_heads=case.kv_heads,
+                       head_dim=case.head_dim or case.hidden // case.heads,
+                       max_position_embeddings=case.prompt_len + case.response_len,
+                       tie_word_embeddings=case.tied, attn_implementation="sdpa")
+
+
+def build_model(case: Case, seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """Random-init ``Qwen3ForCausalLM`` of :func:`qwen3_config` (train mode) in ``dtype`` on ``device``."""
+    from transformers import Qwen3ForCausalLM
+
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=case.vocab, hidden_size=case.hidden, intermediate_size=3 * case.hidden,
-                      num_hidden_layers=case.layers, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=case.hidden // 4, max_position_embeddings=case.prompt_len + case.response_len,
-                      tie_word_embeddings=case.tied, attn_implementation="sdpa")
-    return Qwen3ForCausalLM(cfg).float().train()
+    with torch.device(device):
+        model = Qwen3ForCausalLM(qwen3_config(case))
+    return model.to(dtype).train()
 
 
 def build_batch(case: Case, seed: int = 0):

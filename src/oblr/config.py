@@ -115,6 +115,15 @@ class TrainConfig:
 
 
 @dataclass
+class DistributedConfig:
+    strategy: str = opt("none", "how ranks started by torchrun share the model: none (one process), ddp "
+                        "(replicas), fsdp (FSDP2 shards; not yet in oblr train)",
+                        choices="oblr.distributed.parallel:PARALLEL")
+    backend: str = opt("auto", "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")
+    timeout_s: float = opt(600.0, "collective timeout: a dead rank stops the others after this long")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -122,6 +131,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -319,6 +329,9 @@ def validate(cfg: Config) -> None:
     _check(t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
     _check(t.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
     _check(cfg.task.eval_size >= 0, "task.eval_size", "must be >= 0")
+    _check(cfg.distributed.backend in ("auto", "gloo", "nccl"), "distributed.backend",
+           f"{cfg.distributed.backend!r} is not auto, gloo or nccl")
+    _check(cfg.distributed.timeout_s > 0, "distributed.timeout_s", "must be > 0")
 
 
 def config_help() -> str:

@@ -18,35 +18,59 @@ registry :data:`AGGREGATIONS`):
 - ``seq_mean`` (original GRPO): c_i = 1 / (B * L_i), L_i = sum_t m_it. Favours short sequences: biased.
 
 The per-output weights w_i fed to the baseline must be ``c_i^2 ||s_i||^2`` for the aggregation used.
+The factors depend on the whole batch (its size B, its width, its token count: :class:`BatchTotals`); a
+micro-batch or a data-parallel rank passes the totals of the batch it belongs to.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from oblr.registry import Registry
 
-# name -> f(response_mask [B, T] float, max_len | None) -> c [B]
+
+@dataclass(frozen=True)
+class BatchTotals:
+    """The whole batch's sizes that the per-sequence factors depend on.
+
+    ``sequences``: B; ``tokens``: response tokens of the batch, ``sum_{j,t} m_jt`` (a number or a 0-d
+    tensor); ``width``: the padded width T (the ``seq_sum_const`` constant when no ``max_len`` is given).
+    :meth:`of` reads them from a response mask; rows of a larger batch (a data-parallel rank's shard)
+    pass that batch's totals instead.
+    """
+
+    sequences: int
+    tokens: float | torch.Tensor
+    width: int
+
+    @staticmethod
+    def of(response_mask: torch.Tensor) -> BatchTotals:
+        """Totals of the batch ``response_mask`` [B, T] (no host sync)."""
+        return BatchTotals(int(response_mask.shape[0]), response_mask.sum(), int(response_mask.shape[-1]))
+
+# name -> f(response_mask [B, T] float, max_len | None, totals: BatchTotals) -> c [B]
 AGGREGATIONS = Registry("loss aggregation")
 
 
 @AGGREGATIONS.register("seq_sum_const")
-def _seq_sum_const(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
-    width = mask.shape[-1] if max_len is None else max_len
-    return torch.full(mask.shape[:1], 1.0 / (mask.shape[0] * width), dtype=mask.dtype, device=mask.device)
+def _seq_sum_const(mask: torch.Tensor, max_len: int | None, totals: BatchTotals) -> torch.Tensor:
+    width = totals.width if max_len is None else max_len
+    return torch.full(mask.shape[:1], 1.0 / (totals.sequences * width), dtype=mask.dtype, device=mask.device)
 
 
 @AGGREGATIONS.register("token_mean")
-def _token_mean(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
-    total = mask.sum().clamp(min=1.0)
+def _token_mean(mask: torch.Tensor, max_len: int | None, totals: BatchTotals) -> torch.Tensor:
+    total = torch.as_tensor(totals.tokens, dtype=mask.dtype, device=mask.device).clamp(min=1.0)
     return (1.0 / total).expand(mask.shape[0]).clone()
 
 
 @AGGREGATIONS.register("seq_mean")
-def _seq_mean(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+def _seq_mean(mask: torch.Tensor, max_len: int | None, totals: BatchTotals) -> torch.Tensor:
     lengths = mask.sum(-1)
     # an empty response has no tokens: its factor is irrelevant, 0 keeps it out of everything
-    return torch.where(lengths > 0, 1.0 / (mask.shape[0] * lengths.clamp(min=1.0)), torch.zeros_like(lengths))
+    return torch.where(lengths > 0, 1.0 / (totals.sequences * lengths.clamp(min=1.0)), torch.zeros_like(lengths))
 
 
 # aggregations whose on-policy gradient is an unbiased estimate of (a constant times) grad J
@@ -54,12 +78,14 @@ UNBIASED_AGGREGATIONS = frozenset({"seq_sum_const"})
 
 
 def sequence_scale(response_mask: torch.Tensor, aggregation: str, *, max_len: int | None = None,
-                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                   dtype: torch.dtype = torch.float32, totals: BatchTotals | None = None) -> torch.Tensor:
     """Per-sequence factors c [B] such that the on-policy gradient of the loss is ``-sum_i A_i c_i s_i``.
 
     response_mask [B, T] (1 on response tokens). ``max_len`` (``seq_sum_const`` only) should be the
     generation limit (max new tokens); None uses the batch width T, which is constant within the batch
     but depends on the sampled lengths (a tiny bias) -- pass max_len for the exact unbiased form.
+    ``totals``: the sizes of the whole batch these rows belong to (default: these rows alone), e.g. the
+    global batch of a data-parallel step (:func:`oblr.distributed.global_totals`).
     """
     fn = AGGREGATIONS.get(aggregation)
     if response_mask.dim() != 2:
@@ -70,7 +96,8 @@ def sequence_scale(response_mask: torch.Tensor, aggregation: str, *, max_len: in
         raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be floating point, got {dtype}")
-    return fn(response_mask.to(dtype), max_len)
+    mask = response_mask.to(dtype)
+    return fn(mask, max_len, BatchTotals.of(mask) if totals is None else totals)
 
 
 def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,12 @@ On-policy (the first update on a batch) the importance ratio is 1 and clipping i
 give the gradient of :func:`oblr.losses.policy_loss`; later epochs (``epochs > 1``) go through
 :func:`accumulate_clipped_gradient` with the stored old and reference log-probs. The SNR statistics
 S, V come from :func:`oblr.snr.snr_statistics` on the per-prompt norms and ``||.grad||^2``.
+
+A data-parallel rank calls the same functions on its block of whole prompt groups with ``totals`` (the
+global batch's :class:`~oblr.losses.BatchTotals`, so the factors c_i and the scale of g_k are those of
+the global batch) and, under FSDP2, a ``grad_sink`` that sends the book-keeping gradient to the sharded
+``.grad``; its ``.grad`` is then a partial sum, so ``grad_sq_norm`` and ``snr`` are left to
+:mod:`oblr.distributed` (None here).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import torch
 from oblr.estimators import Estimate, estimate, get_estimator
 from oblr.gradnorm import BookKeeper, length_weights, logit_energy_weights
 from oblr.logprobs import forward_logits, gather_logprobs, sequence_logprobs, token_entropy
-from oblr.losses import policy_loss, sequence_kl, sequence_scale
+from oblr.losses import BatchTotals, policy_loss, sequence_kl, sequence_scale
 from oblr.snr import SNRStats, snr_statistics
 
 
@@ -83,6 +89,7 @@ class UpdateResult:
     grad_sq_norm: torch.Tensor | None = None  # ||.grad||^2 after the call (the step's ||gbar||^2), float32
     snr: SNRStats | None = None               # S, V, SNR of the step (when settings.need_snr)
     ref_logprobs: torch.Tensor | None = None  # [B, T] token log-probs of the reference (when kl_coef > 0)
+    estimate: Estimate | None = None          # the estimator's output [N, G] behind the estimator metrics
 
 
 # per-output weights w_i by the source an estimator declares (``get_estimator(name).weights``):
@@ -122,7 +129,8 @@ def grad_sq_norm(model) -> torch.Tensor:
 
 
 def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: UpdateSettings,
-                               *, ref_model=None) -> UpdateResult:
+                               *, ref_model=None, totals: BatchTotals | None = None,
+                               grad_sink=None) -> UpdateResult:
     """Add the policy-gradient of the loss to ``.grad`` of the trainable parameters.
 
     ``batch`` has ``input_ids``, ``attention_mask``, ``response_mask`` [B, T] (rows prompt-major,
@@ -132,17 +140,25 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     Metrics (0-d tensors): the estimator's (over the whole batch), ``optim/loss``, ``train/entropy``
     (token mean) and with KL ``actor/kl`` (token mean of k3). ``grad_sq_norm`` and ``snr`` describe
     ``.grad`` after the call, i.e. the step's gradient when ``.grad`` was zero before.
+
+    ``totals``: the batch these rows belong to (a data-parallel rank's global batch; default: these
+    rows); with ``N_tot = totals.sequences / G`` prompts, c_i are the global batch's factors and
+    ``per_prompt_sq_norms`` are ``||N_tot h_k||^2``; ``grad_sq_norm`` and ``snr`` are then None.
+    ``grad_sink(param, increment)``: where the book-keeping path puts each parameter's gradient
+    increment (default ``param.grad += increment``; see :class:`oblr.gradnorm.BookKeeper`).
     """
     N, G = rewards.shape
     ids, am, rm = batch.input_ids, batch.attention_mask, batch.response_mask
     rmf = rm.to(torch.float32)
-    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len)  # [B]
+    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len, totals=totals)  # [B]
+    n_total = N if totals is None else totals.sequences // G
     lengths = batch.response_lengths.to(torch.float32).view(N, G)
     source = get_estimator(settings.baseline).weights
     kl_on = settings.kl_coef > 0
     if kl_on and ref_model is None:
         raise ValueError(f"kl_coef = {settings.kl_coef} needs ref_model (the frozen reference policy)")
-    book = BookKeeper(model, method=settings.norms_method) if source == "exact" or settings.need_snr else None
+    book = (BookKeeper(model, method=settings.norms_method, grad_sink=grad_sink)
+            if source == "exact" or settings.need_snr else None)
 
     parts: list[Estimate] = []
     old_lps, ref_lps, gks = [], [], []
@@ -181,7 +197,7 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
                 row_coeffs = torch.ones_like(coeffs)
             if settings.need_snr:  # .grad and ||g_k||^2 (g_k = N sum_{i in k} grad obj_i) from one pass
                 local_groups = torch.arange(k1 - k0, device=coeffs.device).repeat_interleave(G)
-                gks.append(book.accumulate_grad_with_group_norms(row_coeffs, local_groups) * (N * N))
+                gks.append(book.accumulate_grad_with_group_norms(row_coeffs, local_groups) * (n_total * n_total))
             else:
                 book.accumulate_grad(row_coeffs)
             book.clear()
@@ -196,26 +212,29 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     metrics["train/entropy"] = ent_sum / n_tok
     if kl_on:
         metrics["actor/kl"] = kl_sum / n_tok
-    gsq = grad_sq_norm(model)
     per_prompt = torch.cat(gks) if gks else None
-    stats = snr_statistics(per_prompt, gsq, N) if per_prompt is not None else None
+    gsq = stats = None
+    if totals is None:  # a data-parallel rank's .grad is a partial sum: oblr.distributed reduces first
+        gsq = grad_sq_norm(model)
+        stats = snr_statistics(per_prompt, gsq, N) if per_prompt is not None else None
     return UpdateResult(est.advantages.detach(), torch.cat(old_lps), per_prompt, metrics, grad_sq_norm=gsq,
-                        snr=stats, ref_logprobs=torch.cat(ref_lps) if ref_lps else None)
+                        snr=stats, ref_logprobs=torch.cat(ref_lps) if ref_lps else None, estimate=est)
 
 
 # policy_loss metrics that are token means (merged over micro-batches weighted by their token counts)
 _TOKEN_MEANS = ("actor/clip_frac", "actor/ratio_mean", "actor/kl")
 
 
-def accumulate_clipped_gradient(model, batch, first: UpdateResult, settings: UpdateSettings) -> dict:
+def accumulate_clipped_gradient(model, batch, first: UpdateResult, settings: UpdateSettings,
+                                *, totals: BatchTotals | None = None) -> dict:
     """A later epoch on the same rollouts: the clipped importance-weighted policy loss
     (:func:`oblr.losses.policy_loss`) with the rollout log-probs, advantages and reference log-probs of
     ``first`` (the result of :func:`accumulate_policy_gradient` on this batch); one ordinary backward per
     micro-batch. Returns ``actor/{clip_frac,ratio_mean,kl}`` (token means over the whole batch) and
-    ``actor/pg_loss``."""
+    ``actor/pg_loss``. ``totals`` as in :func:`accumulate_policy_gradient`."""
     N, G = first.advantages.shape
     rmf = batch.response_mask.to(torch.float32)
-    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len)
+    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len, totals=totals)
     ref = first.ref_logprobs
     if settings.kl_coef > 0 and ref is None:
         raise ValueError(f"kl_coef = {settings.kl_coef}: the first update of this batch kept no reference log-probs")

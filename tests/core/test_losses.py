@@ -164,3 +164,16 @@ def test_precomputed_seq_scale_for_micro_batches():
         assert torch.allclose(full, parts[0] + parts[1]) and torch.allclose(g_full, g_parts)
     with pytest.raises(ValueError, match="seq_scale must be"):
         policy_loss(lp, lp, adv, mask, seq_scale=c[:2])
+
+
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+def test_sequence_scale_of_rows_with_the_whole_batch_totals(aggregation):
+    """A shard of rows (a micro-batch, a data-parallel rank) gets the whole batch's factors from its totals."""
+    from oblr.losses import BatchTotals
+
+    _, _, resp = make_batch()
+    whole = sequence_scale(resp, aggregation)
+    totals = BatchTotals.of(resp)
+    for rows in (slice(0, 1), slice(1, 4)):
+        assert torch.allclose(sequence_scale(resp[rows], aggregation, totals=totals), whole[rows])
+    assert not torch.allclose(sequence_scale(resp[1:4], aggregation), whole[1:4])

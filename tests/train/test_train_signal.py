@@ -47,16 +47,16 @@ def _config(model, out, steps: int, *overrides):
 @pytest.fixture
 def recorder(monkeypatch):
     """Wraps the trainer's accumulate_policy_gradient: per step, the batch and the model before the step."""
-    import oblr.train.trainer
+    import oblr.distributed.step  # the trainer's step calls oblr.update through it
 
-    real = oblr.train.trainer.accumulate_policy_gradient
+    real = oblr.distributed.step.accumulate_policy_gradient
     steps: list[dict] = []
 
     def spy(model, batch, rewards, settings, **kw):
         steps.append({"model": copy.deepcopy(model), "batch": batch})
         return real(model, batch, rewards, settings, **kw)
 
-    monkeypatch.setattr(oblr.train.trainer, "accumulate_policy_gradient", spy)
+    monkeypatch.setattr(oblr.distributed.step, "accumulate_policy_gradient", spy)
     return steps
 
 

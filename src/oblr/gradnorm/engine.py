@@ -91,6 +91,10 @@ class BookKeeper:
             backward pass per row for every parameter: the slow exact reference).
         allow_loop_fallback: for a trainable parameter with no rule, warn and compute its per-row
             gradients with one extra backward per row (``retain_graph``) instead of raising.
+        grad_sink: ``sink(param, increment)`` called by ``accumulate_grad*`` with each parameter's
+            increment (float32, the parameter's full shape) instead of ``param.grad += increment``, in the
+            same parameter order on every call (e.g. a data-parallel reduce-scatter into a sharded
+            ``.grad``: :class:`oblr.distributed.fsdp.ShardedGradSink`).
 
     Use::
 
@@ -104,11 +108,13 @@ class BookKeeper:
         book.clear()
     """
 
-    def __init__(self, model: nn.Module, method: str = "auto", allow_loop_fallback: bool = False):
+    def __init__(self, model: nn.Module, method: str = "auto", allow_loop_fallback: bool = False,
+                 grad_sink=None):
         NORMS_METHODS.get(method)  # an unknown name raises, listing the registered ones
         self.model = model
         self.method = method
         self.allow_loop_fallback = allow_loop_fallback
+        self._sink = _add_grad if grad_sink is None else grad_sink
         self._recording = False
         self._records: list[_Record] = []
         self._entries: list[_Entry] = []
@@ -349,7 +355,7 @@ class BookKeeper:
                 continue
             inc = materialized_sum([c.regroup(grp) for c in e.contribs])[0]
             sq = sq + inc.pow(2).sum()
-            _add_grad(e.param, inc)
+            self._sink(e.param, inc)
         return sq
 
     def accumulate_grad_with_group_norms(self, coeffs: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -368,7 +374,7 @@ class BookKeeper:
                 continue
             e_sq, inc = grouped_sums(e.contribs, grp)
             sq = sq + e_sq
-            _add_grad(e.param, inc)
+            self._sink(e.param, inc)
         return sq
 
     def clear(self) -> None:

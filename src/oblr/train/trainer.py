@@ -6,7 +6,10 @@ task's reward (:func:`oblr.tasks.reward_scorer`), :func:`oblr.update.accumulate_
 ``.grad``, per-prompt norms and the :class:`oblr.snr.SNRStats`), the schedule (:mod:`oblr.schedules`),
 the optimizer (:mod:`oblr.train.optimizers`), the run folder (:mod:`oblr.train.run_dir`), checkpoints
 (:mod:`oblr.train.checkpoint`) and the metric sinks (:mod:`oblr.tracking`). docs/architecture.md follows
-one step through it.
+one step through it. Under torchrun (``distributed.strategy: ddp``, :mod:`oblr.train.ranks`) each rank
+generates its block of the step's prompts, :func:`oblr.distributed.data_parallel_gradient` gives the
+global gradient and S, V (the same learning rate on every rank), evaluation is split over ranks and
+gathered, and rank 0 alone writes metrics, samples, checkpoints, plots and the summary.
 """
 
 from __future__ import annotations
@@ -19,18 +22,42 @@ from pathlib import Path
 import torch
 
 from oblr.config import Config, ConfigError, save_config
+from oblr.distributed import (
+    all_gather_cat,
+    all_gather_objects,
+    all_reduce_sum,
+    clip_grads_,
+    data_parallel_clipped_gradient,
+    data_parallel_gradient,
+    grad_sq_norm,
+    prompt_slice,
+    rank_seed,
+    shutdown,
+    split_evenly,
+)
 from oblr.rollout import generate_and_score, make_engine
 from oblr.schedules import make_lr_controller
 from oblr.tasks import get_task, reward_scorer
 from oblr.tasks.base import RewardFailures, task_accepts
 from oblr.train import checkpoint as ckpt
 from oblr.train.optimizers import make_optimizer
+from oblr.train.ranks import shared_run_dir, start
 from oblr.train.run_dir import resolve_run_dir
-from oblr.update import UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient, grad_sq_norm
+from oblr.update import UpdateSettings
 
 
 class TrainingError(RuntimeError):
     pass
+
+
+class _NoLogger:
+    """What ranks other than 0 log to: nothing."""
+
+    def log(self, step, metrics) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _to_float(v):
@@ -41,8 +68,10 @@ def _to_float(v):
 
 class Trainer:
     def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
-        self.cfg, self.resume, self.quiet = cfg, resume, quiet
-        self.run_dir = resolve_run_dir(cfg, resume=resume)
+        self.cfg, self.resume = cfg, resume
+        self.dist, self.parallel = start(cfg)  # one-line refusals of a bad setup, before anything loads
+        self.quiet = quiet or not self.dist.is_main
+        self.run_dir = shared_run_dir(lambda: resolve_run_dir(cfg, resume=resume), self.dist)
 
     # ------------------------------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -64,10 +93,7 @@ class Trainer:
             raise ConfigError(f"config key 'rollout.prompts_per_step': {cfg.rollout.prompts_per_step} exceeds the "
                               f"{len(self.task.train)} training prompts of task {cfg.task.name!r}")
         self.eval_examples = self.task.eval[: cfg.task.eval_size]
-        device = cfg.model.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = self.dist.device
         torch.manual_seed(cfg.train.seed)
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype,
                                                               device=str(self.device),
@@ -80,6 +106,8 @@ class Trainer:
         m, o = cfg.model, cfg.optim
         if m.lora_rank > 0:
             self.model = wrap_lora(self.model, rank=m.lora_rank, alpha=m.lora_alpha, targets=m.lora_targets)
+        self.model = self.parallel.prepare(self.model)  # ddp: rank 0's weights on every rank
+        torch.manual_seed(rank_seed(cfg.train.seed, self.dist.rank))  # sampling differs per rank
         self.ref_model = None
         if cfg.algorithm.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -89,16 +117,19 @@ class Trainer:
         self.settings = UpdateSettings.from_config(cfg, schedule_needs_snr=self.lr_ctrl.needs_snr)
         self.start_step = 0
         self.history: dict = {"eval": []}
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        main = self.dist.is_main
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.resume:
             self._restore()
-        else:
+        elif main:
             save_config(cfg, self.run_dir / "config.yaml")
         # built with the restored weights; sync_weights after every optimizer step keeps it on-policy
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, batch_size=cfg.rollout.batch_size,
                                   **cfg.rollout.engine_options)
         self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.train.tensorboard, wandb=cfg.train.wandb,
-                                    config=cfg.to_dict(), resume=self.resume and self.start_step or False)
+                                    config=cfg.to_dict(), resume=self.resume and self.start_step or False) \
+            if main else _NoLogger()
         self.progress = None if self.quiet else ProgressDisplay(cfg.train.steps)
         self.reward_failures = RewardFailures()
         self.score = reward_scorer(self.task, self.reward_failures)
@@ -112,7 +143,8 @@ class Trainer:
         self.lr_ctrl.load_state_dict(state["lr_controller"])
         self.start_step = state["step"]
         self.history = state.get("history", self.history)
-        ckpt.set_rng_state(state["rng"])
+        ranks = state.get("rng_ranks")  # every rank's sampling state (a distributed run's checkpoint)
+        ckpt.set_rng_state(ranks[self.dist.rank] if ranks and len(ranks) == self.dist.world_size else state["rng"])
         self._log(f"resumed from {path} at step {self.start_step}")
 
     # ------------------------------------------------------------------------------------------ pieces
@@ -137,35 +169,43 @@ class Trainer:
         cfg, t0 = self.cfg, time.perf_counter()
         rng = ckpt.rng_state()
         self.model.eval()
-        k, exs = cfg.train.eval_samples, self.eval_examples
+        k, d = cfg.train.eval_samples, self.dist
+        exs = self.eval_examples[split_evenly(len(self.eval_examples), d.world_size, d.rank)]  # this rank's share
         sampling = dict(max_new_tokens=cfg.rollout.max_new_tokens)
         sampled, scores = generate_and_score(self.engine, exs, self.score, num_samples=k, **sampling,
                                              temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                             seed=cfg.train.seed + 12345)
-        out = {"eval/accuracy_sampled": scores.mean().item(),
-               "eval/response_length_mean": sampled.response_lengths.float().mean().item()}
+                                             seed=rank_seed(cfg.train.seed + 12345, d.rank))
+        gathered = all_gather_objects([(s.item(), n.item()) for s, n in zip(scores.view(-1),
+                                                                          sampled.response_lengths.view(-1))])
+        out = {"eval/accuracy_sampled": sum(s for s, _ in gathered) / len(gathered),
+               "eval/response_length_mean": sum(n for _, n in gathered) / len(gathered)}
         rows = [{"prompt": ex.prompt, "answer": ex.answer, "response": r} for ex, r in
                 zip([ex for ex in exs for _ in range(k)], sampled.responses)]
         if cfg.train.eval_greedy:
             greedy, scores = generate_and_score(self.engine, exs, self.score, num_samples=1, **sampling, greedy=True)
-            out["eval/accuracy_greedy"] = scores.mean().item()
             rows = [{"prompt": ex.prompt, "answer": ex.answer, "greedy": r, "reward": s.item()}
                     for ex, r, s in zip(exs, greedy.responses, scores)]
+        rows = all_gather_objects(rows)
+        if cfg.train.eval_greedy:
+            out["eval/accuracy_greedy"] = sum(r["reward"] for r in rows) / len(rows)
         ckpt.set_rng_state(rng)
-        samples = self.run_dir / "samples"
-        samples.mkdir(exist_ok=True)
-        with open(samples / f"eval_step_{step:06d}.jsonl", "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+        if d.is_main:
+            samples = self.run_dir / "samples"
+            samples.mkdir(exist_ok=True)
+            with open(samples / f"eval_step_{step:06d}.jsonl", "w") as f:
+                for row in rows:
+                    f.write(json.dumps(row) + "\n")
         out["time/eval"] = time.perf_counter() - t0
         self.history["eval"].append({"step": step, **out})
         return out
 
     def train_step(self, step: int) -> dict:
         cfg, times = self.cfg, {}
-        N, G = cfg.rollout.prompts_per_step, cfg.rollout.group_size
+        G, d = cfg.rollout.group_size, self.dist
+        block = prompt_slice(cfg.rollout.prompts_per_step, d.world_size, d.rank)  # this rank's whole groups
+        N = block.stop - block.start
         t0 = time.perf_counter()
-        examples = [self.task.train[i] for i in self._prompt_indices(step)]
+        examples = [self.task.train[i] for i in self._prompt_indices(step)[block]]
         self.model.eval()
         failures_before = self.reward_failures.count
         timed = {}  # generation and scoring timed apart
@@ -184,11 +224,12 @@ class Trainer:
         t2 = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        res = accumulate_policy_gradient(self.model, batch, rewards.to(self.device), self.settings,
-                                         ref_model=self.ref_model)
+        up = data_parallel_gradient(self.model, batch, rewards.to(self.device), self.settings, self.parallel,
+                                    ref_model=self.ref_model)
+        res = up.update
         metrics = dict(res.metrics)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_sq = grad_sq_norm(self.model)  # of the gradient about to be applied (= res.grad_sq_norm)
+        grad_sq = res.grad_sq_norm  # of the gradient about to be applied, over all ranks
         times["time/norms"] = time.perf_counter() - t2
 
         t3 = time.perf_counter()
@@ -198,14 +239,15 @@ class Trainer:
             self.bad_steps = 0
             self.lr_ctrl.step(res.snr)
             if cfg.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+                clip_grads_(params, cfg.optim.grad_clip, grad_sq)
             self.optimizer.step()
             self.engine.sync_weights(self.model)
             for _ in range(cfg.algorithm.epochs - 1):
                 self.optimizer.zero_grad(set_to_none=True)
-                metrics.update(accumulate_clipped_gradient(self.model, batch, res, self.settings))
+                metrics.update(data_parallel_clipped_gradient(self.model, batch, res, self.settings, self.parallel,
+                                                              up.totals))
                 if cfg.optim.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+                    clip_grads_(params, cfg.optim.grad_clip, grad_sq_norm(params))
                 self.optimizer.step()
                 self.engine.sync_weights(self.model)
         else:
@@ -218,15 +260,18 @@ class Trainer:
         metrics["optim/lr"] = self.lr_ctrl.get_last_lr()[0]
         times["time/update"] = time.perf_counter() - t3
 
-        lens = batch.response_lengths.float()
+        # the global batch's rewards and lengths (rank order = prompt order); reward failures summed
+        rewards, lens = all_gather_cat(rewards.to(self.device)), all_gather_cat(batch.response_lengths.float())
+        finished = all_gather_cat(batch.finished.to(torch.uint8)).bool()
+        failures = all_reduce_sum(torch.tensor(float(self.reward_failures.count - failures_before)))
         metrics.update({
             "train/reward_mean": rewards.mean(),
             "train/pass_rate": (rewards >= 1.0 - 1e-6).float().mean(),
             "train/pass_at_g": (rewards >= 1.0 - 1e-6).any(1).float().mean(),
             "train/all_equal_share": (rewards.max(1).values == rewards.min(1).values).float().mean(),
             "train/response_length_mean": lens.mean(), "train/response_length_max": lens.max(),
-            "train/truncated_share": (~batch.finished).float().mean(),
-            "train/reward_failures": self.reward_failures.count - failures_before,
+            "train/truncated_share": (~finished).float().mean(),
+            "train/reward_failures": failures,
         })
         times["time/step"] = time.perf_counter() - t0
         metrics.update(times)
@@ -238,8 +283,12 @@ class Trainer:
         return out
 
     def save(self, step: int) -> None:
+        """ddp: the replicated weights and optimizer state from rank 0, with every rank's sampling state."""
+        rng_ranks = all_gather_objects([ckpt.rng_state()])
+        if not self.dist.is_main:
+            return
         state = {"optimizer": self.optimizer.state_dict(), "lr_controller": self.lr_ctrl.state_dict(),
-                 "history": self.history, "config": self.cfg.to_dict()}
+                 "history": self.history, "config": self.cfg.to_dict(), "rng_ranks": rng_ranks}
         ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer, state,
                              keep=self.cfg.train.keep_checkpoints)
 
@@ -276,6 +325,9 @@ class Trainer:
             self.logger.close()
             self.engine.close()
         summary = self._summary(step, time.perf_counter() - wall0)
+        shutdown()
+        if not self.dist.is_main:
+            return summary
         if t.plots:
             from oblr.experiments.report import plot_run
 

@@ -73,10 +73,22 @@ def registered_types() -> list[str]:
     return sorted(t.__qualname__ for t in _RULES) + [r.name + " (by structure)" for _, _, r in _STRUCTURAL]
 
 
+def _probe_param(p: torch.Tensor) -> torch.Tensor:
+    """A plain-tensor copy of ``p`` for the probe. A sharded DTensor parameter (FSDP2) is replaced by a
+    deterministic random tensor of its global shape: gathering it would be a collective, and the rules
+    verified by structure are linear in the weight, so any value tests the formula."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(p, DTensor):
+        g = torch.Generator().manual_seed(2)
+        return torch.randn(p.shape, generator=g).to(device=p.to_local().device, dtype=p.dtype)
+    return p.detach().clone()
+
+
 def verify_rule(module: nn.Module, rule: Rule, x: torch.Tensor) -> float:
     """Max relative error of the rule's summed contributions vs autograd on input ``x`` (a probe)."""
     params = {
-        n: getattr(module, n).detach().clone().requires_grad_(True)
+        n: _probe_param(getattr(module, n)).requires_grad_(True)
         for n in rule.params
         if isinstance(getattr(module, n, None), torch.Tensor)
     }

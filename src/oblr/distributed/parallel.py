@@ -1,0 +1,107 @@
+"""The ways to place a model over ranks, chosen by name (:data:`PARALLEL`): ``none`` (one process),
+``ddp`` (replicas) and ``fsdp`` (shards).
+
+Each mode is an object with one interface, used by :func:`oblr.distributed.step.data_parallel_gradient`:
+
+- ``prepare(model) -> model``: make the model ready on every rank (ddp: every rank gets rank 0's
+  parameters and buffers; fsdp: :func:`oblr.distributed.fsdp.shard_model`);
+- ``grad_sink()``: what the book-keeping path does with each parameter's gradient increment (None:
+  ``.grad +=``, the ddp way; fsdp: a :class:`~oblr.distributed.fsdp.ShardedGradSink`);
+- ``reduce_grads(params)``: after the step's accumulation, make ``.grad`` the sum over ranks (ddp: one
+  bucketed all-reduce of every gradient; fsdp: flush the sink -- the plain path was reduced by FSDP2).
+
+``ddp`` does not wrap the model in ``torch.nn.parallel.DistributedDataParallel``: the book-keeping
+backward computes no weight gradients through autograd, so DDP's all-reduce hooks would never fire.
+``benchmarks/scaling.py`` measures the alternative that makes DDP's reducer do it (a forward through the
+DDP wrapper, then a backward of the parameters themselves with the book-keeping gradient) against this
+bucketed all-reduce; docs/distributed.md has the numbers and the choice.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from oblr.registry import Registry
+
+from .collectives import DEFAULT_BUCKET_MB, all_reduce_grads
+from .env import is_distributed, require_launch
+from .fsdp import ShardedGradSink, shard_model
+
+PARALLEL = Registry("distributed strategy")
+
+
+@PARALLEL.register("none")
+class Single:
+    """One process: the model as it is, ``.grad`` filled in place, nothing to reduce."""
+
+    name = "none"
+
+    def __init__(self, **_options):
+        pass
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def grad_sink(self):
+        return None
+
+    def reduce_grads(self, params) -> None:
+        pass
+
+
+@PARALLEL.register("ddp")
+class Replicated:
+    """Data parallel with a full replica per rank; gradients summed by one bucketed all-reduce per step."""
+
+    name = "ddp"
+
+    def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB):
+        self.bucket_mb = bucket_mb
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Every rank gets rank 0's parameters and buffers (as DDP's constructor does)."""
+        if is_distributed():
+            with torch.no_grad():
+                for t in list(model.parameters()) + list(model.buffers()):
+                    dist.broadcast(t.data, src=0)
+        return model
+
+    def grad_sink(self):
+        return None
+
+    def reduce_grads(self, params) -> None:
+        all_reduce_grads(params, bucket_mb=self.bucket_mb)
+
+
+@PARALLEL.register("fsdp")
+class Sharded:
+    """FSDP2: parameters, gradients and optimizer state sharded over ranks (``fully_shard``)."""
+
+    name = "fsdp"
+
+    def __init__(self, param_dtype: str | None = None, reduce_dtype: str = "float32",
+                 bucket_mb: float = DEFAULT_BUCKET_MB, reshard_after_forward: bool = True):
+        self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+        self.bucket_mb, self.reshard_after_forward = bucket_mb, reshard_after_forward
+        self._sink: ShardedGradSink | None = None
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        require_launch("parallel mode 'fsdp'")
+        return shard_model(model, param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype,
+                           reshard_after_forward=self.reshard_after_forward)
+
+    def grad_sink(self) -> ShardedGradSink:
+        self._sink = ShardedGradSink(self.bucket_mb)
+        return self._sink
+
+    def reduce_grads(self, params) -> None:
+        if self._sink is not None:
+            self._sink.flush()
+            self._sink = None
+
+
+def make_parallel(mode: str, **options):
+    """The data-parallel mode ``mode`` (a name of :data:`PARALLEL`) with its options."""
+    return PARALLEL.get(mode)(**options)

@@ -1,0 +1,133 @@
+"""One data-parallel policy-gradient accumulation with the semantics of one process on the global batch.
+
+Every rank holds its block of whole prompt groups (:mod:`oblr.distributed.layout`). Per step:
+
+1. ``global_totals``: one all-gather of (sequences, response tokens, width) gives the global batch's
+   :class:`~oblr.losses.BatchTotals`, so each rank's factors c_i are those of the global batch and the
+   per-prompt estimates are scaled by the GLOBAL prompt count N;
+2. :func:`oblr.update.accumulate_policy_gradient` on the rank's rows: w_i, advantages and leave-one-out
+   baselines within each group (local), the rank's share ``sum_{i on rank} c_i A_i s_i`` of the gradient,
+   and ``||g_k||^2`` of its own prompts;
+3. ``parallel.reduce_grads``: ``.grad`` becomes the sum over ranks = the one-process gradient
+   (ddp: bucketed all-reduce; fsdp: reduce-scatter into the shards);
+4. ``||gbar||^2`` from the reduced gradient (:func:`~oblr.distributed.collectives.grad_sq_norm`), the N
+   per-prompt norms by an all-gather in rank (= prompt) order, S, V, SNR by :func:`oblr.snr.snr_statistics`,
+   then broadcast from rank 0 so every rank sets bit-identical learning rates; the estimator's metrics
+   from the gathered [N, G] estimate (as one process computes them), the others by one all-reduce.
+
+In a single process every collective is the identity and this is :func:`accumulate_policy_gradient`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from oblr.estimators import Estimate
+from oblr.losses import BatchTotals
+from oblr.snr import SNRStats, snr_statistics
+from oblr.update import UpdateResult, UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
+
+from .collectives import all_gather_cat, broadcast_, global_totals, grad_sq_norm, reduce_metrics
+from .env import is_distributed
+
+
+@dataclass
+class DataParallelUpdate:
+    """The step's global statistics (equal on every rank) and this rank's own per-row results.
+
+    ``update``: :class:`UpdateResult` whose ``advantages`` [N/W, G] and ``old_logprobs`` are this rank's,
+    ``per_prompt_sq_norms`` the global [N] (prompt order), ``metrics`` reduced over ranks, and
+    ``grad_sq_norm`` / ``snr`` (:class:`~oblr.snr.SNRStats`) the global ones, as one process returns them.
+    ``grad_sq`` = ``||gbar||^2`` of the reduced gradient; S, V, SNR None when the settings need no SNR.
+    """
+
+    update: UpdateResult
+    totals: BatchTotals
+    n_prompts: int
+    grad_sq: torch.Tensor
+    S: torch.Tensor | None = None
+    V: torch.Tensor | None = None
+    snr: torch.Tensor | None = None
+
+
+def trainable(model) -> list:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def gather_estimate(est: Estimate) -> Estimate:
+    """The global batch's estimate: every rank's [N/W, G] tensors concatenated in rank (= prompt) order."""
+    def cat(t):
+        if t is None:
+            return None
+        if t.dtype == torch.bool:  # gloo gathers numbers
+            return all_gather_cat(t.to(torch.uint8)).bool()
+        return all_gather_cat(t.detach())
+
+    return Estimate(cat(est.advantages), cat(est.baseline), cat(est.weights), cat(est.fallback))
+
+
+def data_parallel_gradient(model, batch, rewards: torch.Tensor, settings: UpdateSettings, parallel, *,
+                           ref_model=None) -> DataParallelUpdate:
+    """Fill ``.grad`` with the global step's gradient and return the global statistics (see module doc).
+
+    ``model``: what ``parallel.prepare`` returned; ``batch``/``rewards`` [N/W, G]: this rank's rows.
+    """
+    n_local, G = rewards.shape
+    rm = batch.response_mask
+    if not is_distributed():  # one process: the ordinary step, bit for bit
+        res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=ref_model)
+        st = res.snr
+        return DataParallelUpdate(res, BatchTotals.of(rm), n_local, res.grad_sq_norm,
+                                  *((st.S, st.V, st.snr) if st is not None else ()))
+    totals = global_totals(rm)
+    if totals.sequences % G:
+        raise ValueError(f"the ranks hold {totals.sequences} sequences in all, not a multiple of G = {G}")
+    N = totals.sequences // G
+    res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=ref_model, totals=totals,
+                                     grad_sink=parallel.grad_sink())
+    params = trainable(model)
+    parallel.reduce_grads(params)
+    grad_sq = grad_sq_norm(params)
+    est_metrics = gather_estimate(res.estimate).metrics()
+    metrics = reduce_metrics({k: v for k, v in res.metrics.items() if k not in est_metrics}, n_prompts=n_local,
+                             n_prompts_total=N, tokens=float(rm.sum()), tokens_total=float(totals.tokens))
+    metrics.update(est_metrics)
+    gks, stats = None, None
+    if res.per_prompt_sq_norms is not None:
+        gks = all_gather_cat(res.per_prompt_sq_norms)
+        st = snr_statistics(gks.double(), grad_sq.to(gks.device), N)  # float64: S can be a small difference
+        vals = broadcast_(torch.stack([st.S, st.V, st.snr, st.signal, grad_sq.to(st.S.device).double()]))
+        stats = SNRStats(*vals[:4].unbind(), n=N)
+        grad_sq = vals[4]
+    else:
+        grad_sq = broadcast_(grad_sq.reshape(1))[0]
+    update = dataclasses.replace(res, per_prompt_sq_norms=gks, metrics=metrics, grad_sq_norm=grad_sq, snr=stats)
+    if stats is None:
+        return DataParallelUpdate(update, totals, N, grad_sq)
+    return DataParallelUpdate(update, totals, N, grad_sq, stats.S, stats.V, stats.snr)
+
+
+def data_parallel_clipped_gradient(model, batch, first: UpdateResult, settings: UpdateSettings, parallel,
+                                   totals: BatchTotals) -> dict:
+    """A later epoch (``epochs > 1``) on this rank's rows with the global factors, gradients reduced.
+
+    ``first``/``totals``: the step's :attr:`DataParallelUpdate.update` and ``.totals``. Returns the rank's
+    metrics (token means of the clip fraction, ratio and KL over its rows)."""
+    metrics = accumulate_clipped_gradient(model, batch, first, settings, totals=totals)
+    parallel.reduce_grads(trainable(model))
+    return metrics
+
+
+def clip_grads_(params, max_norm: float, grad_sq: torch.Tensor) -> torch.Tensor:
+    """Scale every ``.grad`` by ``min(1, max_norm / (||grad|| + 1e-6))`` (torch's clip rule) using the global
+    ``grad_sq``, so replicated and sharded gradients are clipped alike. Returns the norm before clipping."""
+    norm = grad_sq.sqrt()
+    coef = min(1.0, max_norm / (float(norm) + 1e-6))  # one host sync
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return norm

@@ -1,0 +1,91 @@
+"""A 2-process step (torchrun, gloo, CPU, one thread per process) equals the one-process step on one batch.
+
+The worker (``tests/distributed_worker.py``) runs every scenario of ``distributed_helpers.SCENARIOS`` --
+ddp and fsdp; book-keeping (oblr + SNR) and plain (grpo) paths; whole-batch and micro-batched; with a KL
+term and a second clipped epoch; gradient clipping; buckets small enough to need several collectives --
+on its rank's half of a fixed batch. Here the same step runs in this process on the whole batch, and
+gradients, parameter updates, per-prompt norms, S, V, SNR and the learning rate must agree within 1e-5
+relative. Metrics that are not sums or means (stds) are compared with the one-process step whose
+micro-batches are the ranks' halves (a rank counts as a micro-batch, docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_qwen3
+from distributed_helpers import SCENARIOS, N, one_process_step
+
+HERE = Path(__file__).resolve().parents[1]  # tests/: the worker and the shared helpers
+RTOL = 1e-5
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist") / "results.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(HERE / "distributed_worker.py"), str(out)]
+    proc = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return torch.load(out, weights_only=False)
+
+
+def _models(sc):
+    return tiny_qwen3().train(), (tiny_qwen3().requires_grad_(False) if sc.kl_coef else None)
+
+
+@pytest.mark.parametrize("sc", SCENARIOS, ids=lambda s: s.name)
+def test_two_process_step_equals_one_process_step(worker_results, sc):
+    assert worker_results["world_size"] == 2
+    got = worker_results[sc.name]
+    assert got["param_types"] == (["DTensor"] if sc.mode == "fsdp" else ["Parameter"])
+    start = [p.detach().clone() for p in tiny_qwen3().parameters()]
+    ref = one_process_step(*_models(sc), sc)
+    for key in ("grads", "grads2"):
+        if key in ref:
+            errs = [_rel(a, b) for a, b in zip(got[key], ref[key])]
+            assert max(errs) < RTOL, (key, errs)
+            assert min(float(g.norm()) for g in ref[key]) > 0  # every parameter has a gradient
+    assert max(_rel(a, b) for a, b in zip(got["params"], ref["params"])) < RTOL
+    # the update itself (p_after - p_before is ~1e-4 of p, so float32 rounding of p alone is ~1e-5 of it)
+    assert max(_rel(a - s, b - s) for a, b, s in zip(got["params"], ref["params"], start)) < 10 * RTOL
+    assert _rel(got["grad_sq"], ref["grad_sq"]) < RTOL
+    assert abs(got["lr"] - ref["lr"]) <= RTOL * ref["lr"]
+    if sc.need_snr:
+        assert got["gks"].shape == (N,) and _rel(got["gks"], ref["gks"]) < RTOL
+        for k in ("S", "V", "snr"):
+            assert float(ref[k]) > 0 and abs(float(got[k]) - float(ref[k])) <= RTOL * float(ref[k]), k
+        assert ref["lr"] < 0.5  # the SNR rule did set it
+    else:
+        assert got["gks"] is None and got["S"] is None
+
+
+@pytest.mark.parametrize("sc", SCENARIOS, ids=lambda s: s.name)
+def test_metrics_equal_one_process_with_rank_sized_micro_batches(worker_results, sc):
+    got = worker_results[sc.name]["metrics"]
+    ref = one_process_step(*_models(sc), sc, micro_batch_groups=sc.micro_batch_groups or N // 2)["metrics"]
+    assert set(got) == set(ref)
+    for k, v in ref.items():
+        assert abs(got[k] - v) <= RTOL * abs(v) + 1e-9, (k, got[k], v)
+
+
+def test_collectives_on_two_ranks(worker_results):
+    c = worker_results["collectives"]
+    assert torch.equal(c["a"], torch.full((3,), 3.0))  # 1 + 2
+    assert torch.equal(c["b"], torch.ones(3))  # rank 0's gradient, zeros from rank 1
+    assert c["c_is_none"]  # no rank had one: stays None, as in one process
+    assert c["objects"] == ["r0", "r1", "r1"] and c["chosen"] == "run-0"
+    t = c["totals"]  # rank 0: 2 x 5 mask, rank 1: 3 x 7
+    assert (t.sequences, t.tokens, t.width) == (5, 31.0, 7)

@@ -1,0 +1,138 @@
+"""Shared by the multi-process tests and their torchrun worker: a fixed batch, the scenarios, one full step.
+
+A step is what the trainer does (``oblr.trainer.Trainer.train_step``): zero_grad, the policy-gradient
+accumulation, ``||gbar||^2``, S/V/SNR, the SNR learning rate, gradient clipping, an SGD step (SGD, not
+AdamW, so that the parameter change is proportional to the gradient it checks), and optionally a second
+clipped epoch. ``one_process_step`` is the reference; ``data_parallel_step`` the same on a rank's rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from oblr.distributed import grad_sq_norm
+from oblr.snr import SNRLearningRate, signal_noise
+from oblr.update import UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
+
+N, G, VOCAB = 4, 4, 61
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    mode: str  # ddp | fsdp
+    baseline: str = "oblr"
+    need_snr: bool = True
+    aggregation: str = "seq_sum_const"
+    max_len: int | None = None
+    micro_batch_groups: int = 0
+    kl_coef: float = 0.0
+    epochs: int = 1
+    grad_clip: float = 0.0
+    bucket_mb: float = 25.0
+
+    def settings(self) -> UpdateSettings:
+        return UpdateSettings(baseline=self.baseline, aggregation=self.aggregation, max_len=self.max_len,
+                              need_snr=self.need_snr, micro_batch_groups=self.micro_batch_groups,
+                              kl_coef=self.kl_coef)
+
+
+# fsdp first: the first BookKeeper of the worker process then verifies the RMSNorm rule on DTensor weights
+SCENARIOS = [
+    Scenario("fsdp-oblr-token_mean", "fsdp", aggregation="token_mean", bucket_mb=0.002),
+    Scenario("fsdp-oblr-microbatch-kl-2epochs", "fsdp", max_len=12, micro_batch_groups=1, kl_coef=0.1, epochs=2,
+             grad_clip=0.05),
+    Scenario("fsdp-grpo-plain", "fsdp", baseline="grpo", need_snr=False, aggregation="seq_mean"),
+    Scenario("ddp-oblr-token_mean", "ddp", aggregation="token_mean", bucket_mb=0.002),
+    Scenario("ddp-oblr-microbatch-kl-2epochs", "ddp", max_len=12, micro_batch_groups=1, kl_coef=0.1, epochs=2,
+             grad_clip=0.05),
+    Scenario("ddp-grpo-plain", "ddp", baseline="grpo", need_snr=False, aggregation="seq_mean"),
+]
+
+
+def fixed_batch():
+    """N*G rows ``[pad prompt | response pad]`` with different prompt and response lengths; rewards vary
+    within every group (so w_i, advantages, S and V are all non-zero)."""
+    gen = torch.Generator().manual_seed(3)
+    B, P, L = N * G, 5, 9
+    prompt_lens = torch.randint(2, P + 1, (B,), generator=gen)
+    resp_lens = torch.randint(2, L + 1, (B,), generator=gen)
+    cols = torch.arange(P + L)
+    am = ((cols[None] >= P - prompt_lens[:, None]) & (cols[None] < P + resp_lens[:, None])).long()
+    rm = am * (cols[None] >= P).long()
+    ids = torch.randint(1, VOCAB, (B, P + L), generator=gen) * am
+    batch = SimpleNamespace(input_ids=ids, attention_mask=am, response_mask=rm, response_lengths=resp_lens)
+    rewards = torch.tensor([[1.0, 0.0, 0.5, 0.0], [0.0, 1.0, 1.0, 0.2], [0.3, 0.0, 0.0, 1.0], [1.0, 0.6, 0.0, 0.9]])
+    return batch, rewards
+
+
+def _finish(params, opt, lr_ctrl, grad_sq, S, V, sc: Scenario, clip):
+    if lr_ctrl is not None:
+        lr_ctrl.step(S, V, N)
+    grads = [p.grad.detach().clone() for p in params]
+    if sc.grad_clip > 0:
+        clip(params, sc.grad_clip, grad_sq)
+    opt.step()
+    return grads
+
+
+def _torch_clip(params, max_norm, grad_sq):
+    torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def one_process_step(model, ref_model, sc: Scenario, micro_batch_groups: int | None = None) -> dict:
+    """The reference: the whole batch in one process (``micro_batch_groups`` overrides the scenario's)."""
+    import dataclasses
+
+    batch, rewards = fixed_batch()
+    settings = sc.settings()
+    if micro_batch_groups is not None:
+        settings = dataclasses.replace(settings, micro_batch_groups=micro_batch_groups)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.5)
+    lr_ctrl = SNRLearningRate(opt, eta_max=0.5) if sc.need_snr else None
+    opt.zero_grad(set_to_none=True)
+    res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=ref_model)
+    grad_sq = grad_sq_norm(params)  # float64 accumulation of float32 per-parameter sums
+    S = V = snr = None
+    if res.per_prompt_sq_norms is not None:
+        S, V, snr = signal_noise(res.per_prompt_sq_norms.double(), grad_sq, N)
+    grads = _finish(params, opt, lr_ctrl, grad_sq, S, V, sc, _torch_clip)
+    out = {"grads": grads, "grad_sq": grad_sq, "S": S, "V": V, "snr": snr, "lr": opt.param_groups[0]["lr"],
+           "gks": res.per_prompt_sq_norms, "metrics": {k: float(v) for k, v in res.metrics.items()}}
+    if sc.epochs > 1:
+        opt.zero_grad(set_to_none=True)
+        accumulate_clipped_gradient(model, batch, res, settings)
+        out["grads2"] = [p.grad.detach().clone() for p in params]
+        opt.step()
+    out["params"] = [p.detach().clone() for p in params]
+    return out
+
+
+def data_parallel_step(model, ref_model, sc: Scenario, parallel, rank: int, world: int) -> dict:
+    """The same step on this rank's rows (``model``/``ref_model`` prepared by ``parallel``)."""
+    from oblr.distributed import clip_grads_, data_parallel_clipped_gradient, data_parallel_gradient
+    from oblr.distributed.layout import prompt_slice, row_slice, shard_rows
+
+    batch, rewards = fixed_batch()
+    batch = shard_rows(batch, row_slice(N, G, world, rank))
+    rewards = rewards[prompt_slice(N, world, rank)]
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.5)
+    lr_ctrl = SNRLearningRate(opt, eta_max=0.5) if sc.need_snr else None
+    opt.zero_grad(set_to_none=True)
+    up = data_parallel_gradient(model, batch, rewards, sc.settings(), parallel, ref_model=ref_model)
+    grads = _finish(params, opt, lr_ctrl, up.grad_sq, up.S, up.V, sc, clip_grads_)
+    out = {"grads": grads, "grad_sq": up.grad_sq, "S": up.S, "V": up.V, "snr": up.snr,
+           "lr": opt.param_groups[0]["lr"], "gks": up.update.per_prompt_sq_norms,
+           "metrics": {k: float(v) for k, v in up.update.metrics.items()}}
+    if sc.epochs > 1:
+        opt.zero_grad(set_to_none=True)
+        data_parallel_clipped_gradient(model, batch, up.update, sc.settings(), parallel, up.totals)
+        out["grads2"] = [p.grad.detach().clone() for p in params]
+        opt.step()
+    out["params"] = [p.detach().clone() for p in params]
+    return out

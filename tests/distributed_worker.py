@@ -1,0 +1,63 @@
+"""torchrun worker of tests/test_distributed_step.py: every scenario's data-parallel step; rank 0 saves them.
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/distributed_worker.py OUT.pt
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from conftest import tiny_qwen3
+from distributed_helpers import SCENARIOS, data_parallel_step
+from torch.distributed.tensor import DTensor
+
+from oblr.distributed import (
+    all_gather_objects,
+    all_reduce_grads,
+    broadcast_object,
+    global_totals,
+    init_distributed,
+    make_parallel,
+    shutdown,
+)
+
+
+def _full(t):
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def collectives(rank: int) -> dict:
+    """The small collectives on rank-dependent inputs (results checked by the test on rank 0's copy)."""
+    a, b, c = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
+    a.grad = torch.full((3,), float(rank + 1))  # on every rank
+    if rank == 0:
+        b.grad = torch.ones(3)  # on rank 0 only; c on no rank
+    all_reduce_grads([a, b, c], bucket_mb=1e-6)  # one parameter per bucket
+    mask = torch.ones(2 + rank, 5 + 2 * rank)
+    return {"a": a.grad, "b": b.grad, "c_is_none": c.grad is None,
+            "objects": all_gather_objects([f"r{rank}"] * (rank + 1)), "chosen": broadcast_object(f"run-{rank}"),
+            "totals": global_totals(mask)}
+
+
+def main(out_path: str) -> None:
+    torch.set_num_threads(1)
+    env = init_distributed("gloo", "cpu")
+    results = {"world_size": env.world_size, "collectives": collectives(env.rank)}
+    for sc in SCENARIOS:
+        parallel = make_parallel(sc.mode, bucket_mb=sc.bucket_mb)
+        model = parallel.prepare(tiny_qwen3().train())
+        ref = parallel.prepare(tiny_qwen3().requires_grad_(False)) if sc.kl_coef else None
+        out = data_parallel_step(model, ref, sc, parallel, env.rank, env.world_size)
+        for key in ("grads", "grads2", "params"):
+            if key in out:
+                out[key] = [_full(t).detach().clone() for t in out[key]]
+        out["param_types"] = sorted({type(p).__name__ for p in model.parameters()})
+        results[sc.name] = out
+    if env.is_main:
+        torch.save(results, out_path)
+    shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
