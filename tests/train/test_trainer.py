@@ -132,9 +132,9 @@ def test_sigint_to_a_real_process_leaves_a_loadable_checkpoint(small_builtin, tm
 
 
 def test_nan_gradients_skip_steps_then_stop(small_builtin, tmp_path, monkeypatch):
-    import oblr.train.trainer as tr
+    import oblr.distributed.step as step  # the trainer's update goes through data_parallel_gradient
 
-    real = tr.accumulate_policy_gradient
+    real = step.accumulate_policy_gradient
 
     def poisoned(model, *a, **k):
         res = real(model, *a, **k)
@@ -143,7 +143,7 @@ def test_nan_gradients_skip_steps_then_stop(small_builtin, tmp_path, monkeypatch
                 p.grad.fill_(float("nan"))
         return res
 
-    monkeypatch.setattr(tr, "accumulate_policy_gradient", poisoned)
+    monkeypatch.setattr(step, "accumulate_policy_gradient", poisoned)
     cfg = load_config(None, [f"model.name_or_path={small_builtin}", "train.steps=5", "train.max_bad_steps=2",
                              "train.plots=false", f"train.output_dir={tmp_path / 'run'}", *TINY])
     trainer = Trainer(cfg, quiet=True)

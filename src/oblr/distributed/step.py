@@ -80,6 +80,9 @@ def data_parallel_gradient(model, batch, rewards: torch.Tensor, settings: Update
     if not is_distributed():  # one process: the ordinary step, bit for bit
         res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=ref_model)
         st = res.snr
+        # the norm of the .grad about to be applied, read back as in the multi-process branch (the
+        # trainer's finite check must see exactly what the optimizer will apply)
+        res = dataclasses.replace(res, grad_sq_norm=grad_sq_norm(trainable(model)))
         return DataParallelUpdate(res, BatchTotals.of(rm), n_local, res.grad_sq_norm,
                                   *((st.S, st.V, st.snr) if st is not None else ()))
     totals = global_totals(rm)
