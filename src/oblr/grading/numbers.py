@@ -14,11 +14,12 @@ expression of free text. What can be read:
 - a chain ``20 - 2 = 18``: the value after the last ``=``.
 
 What states no single value, and is graded wrong against any number: a malformed numeral (``1,00``,
-``12,3456``, ``1.2.3``), a time or ratio (``12:30``, ``3:2``), a list (``12, 13``), an expression left
-unevaluated (``5 + 3``, ``3 x 4``), digits invalid in their base (``129_2``), a numeral over
-:data:`MAX_DIGITS` digits. Such a reading has ``value None`` and a ``note`` saying why.
+``12,3456``, ``1.2.3``, ``1 000``), a time or ratio (``12:30``, ``3:2``), a list at the start of an answer
+(``12, 13``, ``12 or 13``), an expression left unevaluated (``5 + 3``, ``3 x 4``), digits invalid in
+their base (``129_2``), a numeral over :data:`MAX_DIGITS` digits, an expression of more than
+:data:`MAX_CHAIN` numbers. Such a reading has ``value None`` and a ``note`` saying why.
 
-Every scan is a single forward pass with bounded look-ahead; powers are refused before they grow past
+Every scan is linear in the text with bounded look-ahead; powers are refused before they grow past
 :data:`MAX_DIGITS` digits; nothing is eval'd.
 """
 
@@ -57,7 +58,7 @@ _MIXED_RE = re.compile(r"(?:[ ]{1,3}|\\[ ,;]|~)?\\[dt]?frac\s{0,3}\{(?P<a>\d+)\}
 _OP_RE = re.compile(r"[ ]{0,3}(?P<op>\\times|\\cdot|\\div|[-−+*×·÷/^]|[xX](?=[ ]{0,3}\d))[ ]{0,3}")
 _EXP_RE = re.compile(r"\{?[ ]{0,3}(?P<e>[-−+]?\d{1,4})[ ]{0,3}\}?")
 _EQ_RE = re.compile(r"[ ]{0,3}=[ ]{0,3}")
-_LIST_RE = re.compile(r"[ ]{0,3}[,;][ ]{0,3}(?:[-−][ ]?)?(?:" + _CURRENCY + r"[ ]?)?\d")
+_LIST_RE = re.compile(r"(?:[ ]{0,3}[,;]|[ ]{1,3}(?:and|or))[ ]{0,3}(?:[-−][ ]?)?(?:" + _CURRENCY + r"[ ]?)?\d")
 _SPACED_DIGIT_RE = re.compile(r"[ ]{1,3}\d")
 _MUL = {"*", "×", "·", "x", "X", "\\times", "\\cdot"}
 _BASES = {"hex": 16, "bin": 2, "oct": 8}
@@ -197,8 +198,8 @@ def _read_expression(text: str, pos: int) -> Reading | None:
 
 def read_value(span: str) -> Reading | None:
     """The value an answer states: the first numeric expression of ``span`` (text after ``####``, a box's
-    content, an answer sentence), read whole. A second number right after it (``12, 13``, ``12 13``)
-    makes it a list: no single value. None when ``span`` holds no number."""
+    content, an answer sentence), read whole. A second number right after it (``12, 13``, ``12 13``,
+    ``12 or 13``) makes it a list: no single value. None when ``span`` holds no number."""
     span = span.replace("{,}", ",").replace(",\\!", ",")
     m = _START_RE.search(span)
     if m is None:
@@ -230,12 +231,22 @@ def last_value(text: str) -> Reading | None:
     return last
 
 
+_SCI_FORM_RE = re.compile(r"(?P<m>.+?)(?:\s*(?:\\times|\\cdot|×|\*|x)\s*10\s*\^\s*\{?\s*(?P<e1>[-−+]?\d{1,3})\s*\}?"
+                          r"|[eE](?P<e2>[+-]?\d{1,3}))")
+
+
 def plain_number(s: str) -> Fraction | None:
-    """Exact value when ``s`` is just a decimal numeral (``-3``, ``70.0``, ``.5``, ``12,000,023``, ``7.78.``,
-    ``\\$18``), else None. Used for the exact fast path of the math kind."""
+    """Exact value when ``s`` is just a number in decimal or scientific notation (``-3``, ``70.0``, ``.5``,
+    ``12,000,023``, ``7.78.``, ``\\$18``, ``2.88e-19``, ``6.6 \\times 10^{-34}``), else None. Used for the
+    exact fast path of the math kind (math-verify's tolerance is absolute: every number below 1e-6 would
+    equal every other)."""
     s = s.strip().replace("\\$", "").strip("$").strip().removesuffix(".")
     s = s.replace("{,}", ",").replace(",\\!", ",")
     if len(s) > 2 * MAX_DIGITS or not s:
         return None
+    exp = 0
+    if (m := _SCI_FORM_RE.fullmatch(s)) is not None:
+        s, exp = m.group("m"), int((m.group("e1") or m.group("e2")).replace("−", "-"))
     neg = s[0] in _MINUS
-    return _signed(neg, numeral_value(s[1:] if neg else s))
+    v = _signed(neg, numeral_value(s[1:] if neg else s))
+    return v * Fraction(10) ** exp if v is not None else None
