@@ -5,10 +5,10 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
-from grading_cases import GSM8K_EQUIVALENT, GSM8K_NEAR_MISSES, MATH_EQUIVALENT, MATH_NEAR_MISSES
 
 from oblr.grading import GraderPool, grade, grade_detailed, grade_many
 from oblr.grading.extract import extract_gsm8k_number, last_boxed
+from oblr.grading.labelled import GSM8K_EQUIVALENT, GSM8K_NEAR_MISSES, MATH_EQUIVALENT, MATH_NEAR_MISSES
 from oblr.grading.normalize import canonical_unit, normalize_reference, unit_conflict
 from oblr.grading.numbers import plain_number
 
