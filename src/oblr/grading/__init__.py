@@ -2,16 +2,26 @@
 
 Kinds
 -----
-``"gsm8k"``  numeric answers, decided exactly in this process (``fractions.Fraction``): the number after
-             the last ``####``, else in the last ``\\boxed{}``, else after "answer is" / "answer:" / "A:",
-             else the last number. Commas, ``$``, units after the number and a trailing period are ignored.
-``"math"``   the last ``\\boxed{}`` (nested braces), compared with the reference by math-verify (symbolic
-             and numeric equivalence, fractions, radicals, intervals, tuples, sets / multiple answers in any
-             order, matrices, equations ``x=5`` vs ``5``, spelling differences (spaces, ``\\dfrac``,
-             ``\\left``, ``E_1`` vs ``E_{1}``: :func:`~oblr.grading.extract.canonical_latex` on both sides), percent, units named by ``unit``; a different known unit, "45 hours" for 45 minutes, is wrong). Two plain
-             decimals are compared exactly here; anything else goes to a worker process
-             (:mod:`oblr.grading.pool`) with a hard per-check time limit ``timeout`` (default 5 s).
-             Without a box, math-verify's own extraction of the last LaTeX answer is used.
+``"gsm8k"``  numeric answers, decided exactly in this process (``fractions.Fraction``). The answer is the
+             last answer statement (``####``, a box, "the answer is ..."; :mod:`oblr.grading.extract`),
+             else the last numeric expression of the text, and it is read as the VALUE it states
+             (:mod:`oblr.grading.numbers`): ``2/3``, ``1 1/2``, ``3 x 10^5``, ``1e9``, ``1010_2`` are
+             read whole; ``12:30``, ``1,00``, ``12, 13``, ``5 + 3`` state no single number and are wrong.
+             Thousands commas in groups of three, ``$``, units and ``%`` after the number and a trailing
+             period are ignored.
+``"math"``   the last answer statement (the last ``\\boxed{}``/``\\fbox{}``, or an answer sentence written
+             after it: "The final answer is 7.78.", "Answer: 2/3"; several boxes together when the
+             reference has several answers), normalized (:func:`~oblr.grading.normalize.normalize_answer`:
+             delimiters, trailing period, ``28 percent`` -> ``28\\%``, ``1 1/2``, ``1e9``), compared with the
+             reference by math-verify (symbolic and numeric equivalence, fractions, radicals, intervals,
+             tuples, sets / multiple answers in any order, matrices, equations ``x=5`` vs ``5``, spelling
+             differences (spaces, ``\\dfrac``, ``\\left``, ``E_1`` vs ``E_{1}``:
+             :func:`~oblr.grading.normalize.canonical_latex` on both sides; ``32, 349`` stays two numbers),
+             percent, units named by ``unit``; a different known unit, "45 hours" for 45 minutes, is
+             wrong). Two plain decimals (thousands commas in their valid shape allowed) are compared
+             exactly here; anything else goes to a worker process (:mod:`oblr.grading.pool`) with a hard
+             per-check time limit ``timeout`` (default 5 s). Without any statement, math-verify's own
+             extraction of the last LaTeX answer is used.
 
 Model text is never executed or eval'd: extraction is string scanning; math-verify is used with its LaTeX
 (ANTLR) parser only, never sympy's ``parse_expr``/``sympify`` on strings. A check that times out or fails
@@ -25,15 +35,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from oblr.grading.extract import (
+from oblr.grading.extract import extract_gsm8k_number, final_answer, last_boxed, read_gsm8k
+from oblr.grading.normalize import (
+    answer_parts,
     canonical_latex,
-    extract_gsm8k_number,
-    last_boxed,
+    normalize_answer,
     normalize_reference,
-    plain_number,
-    strip_dollars,
     unit_conflict,
 )
+from oblr.grading.numbers import plain_number
 from oblr.grading.pool import GraderPool, default_pool
 
 KINDS = ("gsm8k", "math")
@@ -45,6 +55,7 @@ __all__ = [
     "GradeResult",
     "GraderPool",
     "extract_gsm8k_number",
+    "final_answer",
     "grade",
     "grade_detailed",
     "grade_many",
@@ -64,34 +75,42 @@ class GradeResult:
     error: str = ""
 
 
+def _pred_text(value) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{float(value):g}"
+
+
 def _grade_gsm8k(response: str, reference: Any) -> GradeResult:
-    ref, _ = extract_gsm8k_number(str(reference))
-    if ref is None:
-        raise ValueError(f"gsm8k reference {str(reference)[:80]!r} holds no number")
-    value, _ = extract_gsm8k_number(response)
-    if value is None:
-        return GradeResult(False, None, "no_answer")
-    pred = str(value.numerator) if value.denominator == 1 else f"{float(value):g}"
-    return GradeResult(value == ref, pred)
+    ref, _, _ = read_gsm8k(str(reference))
+    if ref is None or ref.value is None:
+        why = f" ({ref.note})" if ref is not None else ""
+        raise ValueError(f"gsm8k reference {str(reference)[:80]!r} holds no number{why}")
+    r, source, text = read_gsm8k(response)
+    if r is None:
+        if source == "none":
+            return GradeResult(False, None, "no_answer")
+        return GradeResult(False, text[:80], "ok", "the answer holds no number")
+    if r.value is None:
+        return GradeResult(False, text[:80], "ok", f"the answer states no single number: {r.note}")
+    return GradeResult(r.value == ref.value, _pred_text(r.value))
 
 
 def _grade_math(response: str, reference: Any, unit: str | None, timeout: float,
                 pool: GraderPool | None) -> GradeResult:
-    gold = normalize_reference(reference)
+    gold = normalize_answer(normalize_reference(reference))
     if not gold:
         raise ValueError(f"math reference {reference!r} is empty")
-    boxed = last_boxed(response)
-    if boxed is not None:
-        boxed = strip_dollars(boxed)
-        if unit_conflict(boxed, unit):
-            return GradeResult(False, boxed, "ok", f"unit differs from the reference unit {unit!r}")
-        a, b = plain_number(boxed), plain_number(gold)
+    answer = final_answer(response, several=len(answer_parts(gold)) > 1)
+    pred = normalize_answer(answer.text) if answer is not None else ""
+    if pred:
+        if unit_conflict(pred, unit):
+            return GradeResult(False, pred, "ok", f"unit differs from the reference unit {unit!r}")
+        a, b = plain_number(pred), plain_number(gold)
         if a is not None and b is not None:  # exact fast path for two plain decimals
-            return GradeResult(a == b, boxed)
-        canon_pred, canon_gold = canonical_latex(boxed), canonical_latex(gold)
+            return GradeResult(a == b, pred)
+        canon_pred, canon_gold = canonical_latex(pred), canonical_latex(gold)
         if canon_pred == canon_gold and canon_pred:  # the same LaTeX up to spelling
-            return GradeResult(True, boxed)
-        pred_text, pred = "\\boxed{" + canon_pred + "}", boxed
+            return GradeResult(True, pred)
+        pred_text = "\\boxed{" + canon_pred + "}"
     else:
         if not response.strip():
             return GradeResult(False, None, "no_answer")
