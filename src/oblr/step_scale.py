@@ -22,8 +22,8 @@ the registry :data:`NOISE_GAINS` (keyed by the optimizer's class name): SGD ``j 
 ``j = (1-b1)/(1-b1^k) sum_i g_i^2 / (sqrt(vhat_i)+eps) / |g|^2`` (noise assumed spread over coordinates
 like the gradient's energy: an approximation). For SGD, ``d/h = (1/L_u) S/(S+V/N)`` with
 ``L_u = g^T H g / |g|^2`` -- the paper's rule with its scale measured along the noisy gradient.
-d and h are averaged over steps (EMA, ratio of averages); the lr moves towards ``d/h`` by at most a
-factor ``max_change`` per step. Cost: two parameter-sized buffers (previous parameters and gradient) and
+d and h are averaged over steps (EMA, ratio of averages); the first step is a small probe, then the lr
+moves towards ``d/h`` by at most a factor ``max_change`` per step. Cost: two parameter-sized buffers (previous parameters and gradient) and
 a few fused passes over them per step; no extra forward or backward. docs/algorithm.md has the derivation.
 """
 
@@ -66,11 +66,9 @@ def sgd_kappa(lr: float, clip_factor: float, V: float, n: int, gain: float = 1.0
 
 def target_lr(d: float, h: float, lr: float, max_change: float) -> float:
     """The next lr: ``d/h`` when both are positive, kept within ``[lr/max_change, lr*max_change]``;
-    no measured descent (d <= 0) shrinks by ``max_change``, no measured curvature (h <= 0 < d) grows by it."""
-    if d <= 0 or not math.isfinite(d):
-        return lr / max_change
-    if h <= 0 or not math.isfinite(h):
-        return lr * max_change
+    otherwise (no descent or no curvature measured yet: the averages are noise) the lr is kept."""
+    if not (d > 0 and h > 0 and math.isfinite(d) and math.isfinite(h)):
+        return lr
     return min(max(d / h, lr / max_change), lr * max_change)
 
 
@@ -104,22 +102,27 @@ def _adam_gain(optimizer, params, g_prev, g_prev_sq: float) -> float:
 
 @register_schedule("auto")
 class AutoStepSchedule:
-    """lr_{t+1} = clamp(dbar/hbar) (module docstring); ``lr`` is only the initial guess (used for step 0).
+    """lr_{t+1} = clamp(dbar/hbar) (module docstring); ``lr`` is the initial guess.
 
-    ``ema`` (``optim.snr_ema``) smooths d and h (0 = this step only); ``grad_clip`` is the clip norm the
-    trainer applies after ``step`` (0 = off); ``max_change`` bounds the per-step lr ratio. Reads the
-    parameters and their ``.grad`` (the raw gradient: ``step`` is called before clipping) from the
-    optimizer's param groups."""
+    The first step is a probe at ``probe * lr`` (a step small enough to be harmless; AdamW's first step
+    moves every coordinate by about its lr); then the lr moves towards ``dbar/hbar`` by at most a factor
+    ``max_change`` per step. ``scale_ema`` smooths d and h (bias-corrected EMA; 0 = this step only;
+    ``optim.snr_ema`` does not apply); ``grad_clip`` is the clip norm the trainer applies after ``step``
+    (0 = off). Reads the parameters and their ``.grad`` (the raw gradient: ``step`` is called before
+    clipping) from the optimizer's param groups."""
 
     needs_snr = True
 
     def __init__(self, optimizer, *, lr, eta_min=0.0, warmup_steps=0, total_steps=1, ema=0.0, grad_clip=0.0,
-                 max_change: float = 1.25):
+                 max_change: float = 1.1, scale_ema: float = 0.98, probe: float = 0.01):
         name = type(optimizer).__name__
         self.gain = NOISE_GAINS.get(name)
         self.optimizer = optimizer
         self.params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-        self.lr, self.eta_min, self.ema, self.grad_clip = float(lr), float(eta_min), float(ema), float(grad_clip)
+        if not (0.0 <= scale_ema < 1.0 and max_change >= 1.0 and 0 < probe <= 1):
+            raise ValueError(f"auto schedule: need 0 <= scale_ema < 1, max_change >= 1, 0 < probe <= 1; got "
+                             f"{scale_ema}, {max_change}, {probe}")
+        self.lr, self.eta_min, self.ema, self.grad_clip = float(lr) * probe, float(eta_min), float(scale_ema), float(grad_clip)
         self.warmup_steps, self.max_change = int(warmup_steps), float(max_change)
         self.t = 0
         self.prev: dict | None = None  # theta, g (lists), lr, clip factor, V, n, |g|^2 of the last step

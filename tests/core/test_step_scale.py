@@ -25,7 +25,7 @@ def test_noise_free_sgd_finds_the_exact_line_search_step():
     theta = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
     p = torch.nn.Parameter(theta.clone())
     opt = torch.optim.SGD([p], lr=0.01)
-    ctl = make_lr_controller("auto", opt, lr=0.01, ema=0.0, max_change=1e9)
+    ctl = make_lr_controller("auto", opt, lr=0.01, scale_ema=0.0, max_change=1e9, probe=1.0)
     g0 = H @ theta
     p.grad = g0.clone()
     ctl.step(_stats(0.0, 4))
@@ -42,7 +42,7 @@ def test_noise_free_adamw_finds_the_line_search_step_along_its_own_direction():
     theta = torch.tensor([1.0, -1.0, 0.3, 2.0], dtype=torch.float64)
     p = torch.nn.Parameter(theta.clone())
     opt = torch.optim.AdamW([p], lr=0.05, weight_decay=0.0)
-    ctl = make_lr_controller("auto", opt, lr=0.05, ema=0.0, max_change=1e9)
+    ctl = make_lr_controller("auto", opt, lr=0.05, scale_ema=0.0, max_change=1e9, probe=1.0)
     p.grad = H @ theta
     ctl.step(_stats(0.0, 4))
     g_prev = p.grad.clone()
@@ -83,9 +83,17 @@ def test_noise_corrected_curvature_converges_to_true_L_and_uncorrected_does_not(
 def test_target_lr_rules():
     assert target_lr(1.0, 4.0, 0.2, 2.0) == pytest.approx(0.25)
     assert target_lr(1.0, 4.0, 1.0, 2.0) == pytest.approx(0.5)   # bounded below by lr/max_change
-    assert target_lr(-1.0, 4.0, 1.0, 2.0) == pytest.approx(0.5)  # no descent measured: shrink
-    assert target_lr(1.0, -4.0, 1.0, 2.0) == pytest.approx(2.0)  # no curvature measured: grow
-    assert target_lr(math.nan, 1.0, 1.0, 2.0) == pytest.approx(0.5)
+    assert target_lr(0.1, 4.0, 0.001, 2.0) == pytest.approx(0.002)  # bounded above by lr*max_change
+    assert target_lr(-1.0, 4.0, 1.0, 2.0) == 1.0  # no descent measured: keep
+    assert target_lr(1.0, -4.0, 1.0, 2.0) == 1.0  # no curvature measured: keep
+    assert target_lr(math.nan, 1.0, 1.0, 2.0) == 1.0
+
+
+def test_first_step_is_a_probe_and_bad_options_are_rejected():
+    p = torch.nn.Parameter(torch.zeros(3))
+    assert make_lr_controller("auto", torch.optim.SGD([p], lr=1.0), lr=1.0).get_last_lr() == [pytest.approx(0.01)]
+    with pytest.raises(ValueError, match="auto schedule: need"):
+        make_lr_controller("auto", torch.optim.SGD([p], lr=1.0), lr=1.0, probe=0.0)
 
 
 def test_unknown_optimizer_is_rejected():
@@ -111,7 +119,7 @@ def test_state_dict_round_trip_continues_the_same_lrs(opt_cls):
 
     p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
     opt = opt_cls([p], lr=0.05)
-    ctl = make_lr_controller("auto", opt, lr=0.05, ema=0.5)
+    ctl = make_lr_controller("auto", opt, lr=0.05, scale_ema=0.5, max_change=1.25)
     drive(p, opt, ctl, range(5))
     q = torch.nn.Parameter(p.detach().clone())
     opt2 = opt_cls([q], lr=1.0)
