@@ -65,10 +65,13 @@ def sgd_kappa(lr: float, clip_factor: float, V: float, n: int, gain: float = 1.0
 
 
 def target_lr(d: float, h: float, lr: float, max_change: float) -> float:
-    """The next lr: ``d/h`` when both are positive, kept within ``[lr/max_change, lr*max_change]``;
-    otherwise (no descent or no curvature measured yet: the averages are noise) the lr is kept."""
-    if not (d > 0 and h > 0 and math.isfinite(d) and math.isfinite(h)):
+    """The next lr: ``d/h`` when both are positive, kept within ``[lr/max_change, lr*max_change]``.
+    No descent measured (d <= 0: the average is noise) keeps the lr; descent without measurable curvature
+    (h <= 0 < d: the curvature is below the noise of a step this small) grows it by ``max_change``."""
+    if not (d > 0 and math.isfinite(d)):
         return lr
+    if not (h > 0 and math.isfinite(h)):
+        return lr * max_change
     return min(max(d / h, lr / max_change), lr * max_change)
 
 

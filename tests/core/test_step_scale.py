@@ -85,7 +85,7 @@ def test_target_lr_rules():
     assert target_lr(1.0, 4.0, 1.0, 2.0) == pytest.approx(0.5)   # bounded below by lr/max_change
     assert target_lr(0.1, 4.0, 0.001, 2.0) == pytest.approx(0.002)  # bounded above by lr*max_change
     assert target_lr(-1.0, 4.0, 1.0, 2.0) == 1.0  # no descent measured: keep
-    assert target_lr(1.0, -4.0, 1.0, 2.0) == 1.0  # no curvature measured: keep
+    assert target_lr(1.0, -4.0, 1.0, 2.0) == 2.0  # descent, no measurable curvature: grow
     assert target_lr(math.nan, 1.0, 1.0, 2.0) == 1.0
 
 
