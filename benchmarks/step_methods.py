@@ -18,7 +18,10 @@ Methods (see docs/performance.md):
 - ``loop``: one forward + backward per sequence (batch of one), what public reimplementations do;
 - ``two_backward``: a BookKeeper pass for the norms, then a second forward + ordinary backward;
 - ``torch_func``: ``vmap(grad(...))`` per-sample gradients over the sequences of each prompt;
-- ``opacus``: Opacus ghost clipping hooks for ``w_i`` then a second backward (retained graph).
+- ``opacus``: Opacus ghost clipping hooks for ``w_i`` then a second backward (retained graph);
+- ``oblr_auto``: ``oblr`` plus one step of the ``auto`` lr schedule (:mod:`oblr.step_scale`: buffer
+  copies, three dot products, the AdamW noise gain), on a shadow AdamW over the same parameters whose lr
+  it sets (the harness's optimizer keeps lr 0).
 """
 
 from __future__ import annotations
@@ -300,12 +303,36 @@ class Method:
     teardown: object = None
 
 
+class AutoStep:
+    """``oblr`` then the auto schedule's ``step`` (its per-step cost). The controller and its shadow AdamW
+    (state created by one zero-lr step) are built once, in ``setup`` of the first call."""
+
+    def __init__(self):
+        self.ctl = None
+
+    def setup(self, ctx: Ctx) -> None:
+        if self.ctl is None:
+            from oblr.schedules import make_lr_controller
+
+            shadow = torch.optim.AdamW(ctx.params(), lr=0.0)
+            for p in ctx.params():
+                p.grad = torch.zeros_like(p)
+            shadow.step()
+            self.ctl = make_lr_controller("auto", shadow, lr=1e-4, ema=0.9, grad_clip=1.0)
+
+    def __call__(self, ctx: Ctx):
+        res = accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "oblr", True))
+        self.ctl.step(res.snr)
+        return res.per_prompt_sq_norms
+
+
 def methods() -> list[Method]:
     """Every compared method, GRPO (the denominator) first."""
-    opacus = OpacusStep()
+    opacus, auto = OpacusStep(), AutoStep()
     return [
         Method("grpo", step_grpo, "GRPO, plain path: 1 forward + 1 backward"),
         Method("oblr", step_oblr, "OBLR-PO, book-keeping: 1 forward + 1 backward, w_i, ||g_k||^2"),
+        Method("oblr_auto", auto, "OBLR-PO as oblr + the auto lr schedule's step (oblr.step_scale)", auto.setup),
         Method("oblr_loop", step_oblr_loop, "OBLR-PO, norms_method=loop: 1 forward + 1 backward per sequence"),
         Method("loop", step_loop, "loop: 1 forward + 1 backward per sequence"),
         Method("two_backward", step_two_backward, "BookKeeper norms pass, then forward + ordinary backward"),

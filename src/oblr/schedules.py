@@ -5,11 +5,13 @@ Every controller is built by ``make_lr_controller(name, optimizer, lr=..., ...)`
 :class:`oblr.snr.SNRStats` or None; constant/cosine ignore it), ``needs_snr`` (whether the update must
 compute the statistics), ``get_last_lr()``, ``metrics()``, ``state_dict()`` and ``load_state_dict()``.
 The trainer never branches on the schedule's name. Registered: ``snr`` (OBLR-PO, :class:`SNRSchedule`
-over :class:`oblr.snr.SNRLearningRate`), ``constant``, ``cosine`` (with linear warm-up).
+over :class:`oblr.snr.SNRLearningRate`), ``constant``, ``cosine`` (with linear warm-up), and ``auto``
+(the measured step scale, :mod:`oblr.step_scale`, registered when that module is imported at the end).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 
 from oblr.registry import Registry
@@ -29,9 +31,14 @@ def available_schedules() -> list[str]:
 
 
 def make_lr_controller(name: str, optimizer, *, lr: float, eta_min: float = 0.0, warmup_steps: int = 0,
-                       total_steps: int = 1, ema: float = 0.0):
-    return SCHEDULES.get(name)(optimizer, lr=lr, eta_min=eta_min, warmup_steps=warmup_steps,
-                            total_steps=total_steps, ema=ema)
+                       total_steps: int = 1, ema: float = 0.0, **options):
+    """The controller registered as ``name``. ``options`` (e.g. ``grad_clip``) go only to factories that
+    take them by keyword, so a schedule that needs more of the config declares it in its signature."""
+    factory = SCHEDULES.get(name)
+    accepted = inspect.signature(factory).parameters
+    extra = {k: v for k, v in options.items() if k in accepted}
+    return factory(optimizer, lr=lr, eta_min=eta_min, warmup_steps=warmup_steps, total_steps=total_steps, ema=ema,
+                   **extra)
 
 
 class _StepSchedule:
@@ -122,3 +129,6 @@ class SNRSchedule:
 
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state)
+
+
+from oblr import step_scale as _step_scale  # noqa: E402,F401  registers "auto" (it imports this module's registry)

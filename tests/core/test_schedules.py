@@ -23,8 +23,8 @@ def _stats(seed: int, n: int = 4):
 
 
 def test_registry_names_and_unknown_name():
-    assert available_schedules() == SCHEDULES.names() == ["constant", "cosine", "snr"]
-    with pytest.raises(ValueError, match="unknown learning-rate schedule 'linear'; registered: constant, cosine, snr"):
+    assert available_schedules() == SCHEDULES.names() == ["auto", "constant", "cosine", "snr"]
+    with pytest.raises(ValueError, match="unknown learning-rate schedule 'linear'; registered: auto, constant, cosine, snr"):
         make_lr_controller("linear", _opt(), lr=1e-3)
     with pytest.raises(ValueError, match="already registered"):
         register_schedule("snr")(object)

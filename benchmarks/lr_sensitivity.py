@@ -1,0 +1,230 @@
+"""Learning-rate sensitivity: held-out accuracy against the peak learning rate, per method and optimizer.
+
+    python benchmarks/lr_sensitivity.py grids --out configs/lr-sweep      # write the grid files (below)
+    oblr compare --config configs/lr-sweep/grid-oblr-snr.yaml --out runs/lr train.threads=1   # run one
+    python benchmarks/lr_sensitivity.py report runs/lr --out docs/results/lr   # table + PNG + markdown
+
+``grids`` writes one ``oblr compare`` grid per method (``grpo-const``: GRPO baseline, constant rate;
+``oblr-snr``: OBLR-PO, the SNR rule with eta_max = lr; ``oblr-auto``: OBLR-PO with the measured step
+scale, lr = its initial guess), each over AdamW lr 1e-5..1e-2 and SGD lr 0.01..10 in half-decade steps,
+seeds 0, 1, 2, on the default built-in run (200 steps, evaluation every 50 steps). Run folders are
+``OUT/<method>-<optimizer>-lr<lr>/seed<k>/``.
+
+``report`` reads every run folder under the given directories (any number of seeds; a folder without
+``summary.json`` is an unfinished point and is listed as missing), groups them by (baseline, schedule,
+optimizer, lr) taken from each run's config.yaml, and writes
+
+- a table on stdout and in ``lr_sensitivity.md``: final and best held-out sampled accuracy, mean ± sample
+  std over the finished seeds (with their count), per lr and method, one table per optimizer, followed by
+  the configuration of every point (the keys shared by all runs, then the keys that vary);
+- ``lr_sensitivity.png``: final accuracy against lr (log x axis), one line per method (mean), every seed as
+  a dot and the min-max range as a band, one panel per optimizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+from oblr.experiments.compare import aggregate
+from oblr.experiments.stats import config_value, run_config
+from oblr.train.run_dir import flatten
+
+LRS = {"adamw": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2], "sgd": [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0]}
+METHODS = {  # name -> overrides; the lr is the peak (constant, snr) or the initial guess (auto)
+    "grpo-const": {"algorithm.baseline": "grpo", "algorithm.lr_schedule": "constant"},
+    "oblr-snr": {"algorithm.baseline": "oblr", "algorithm.lr_schedule": "snr"},
+    "oblr-auto": {"algorithm.baseline": "oblr", "algorithm.lr_schedule": "auto"},
+}
+SEEDS = [0, 1, 2]
+BASE = {"train": {"eval_every": 50, "save_every": 100, "keep_checkpoints": 1}}
+KEY_OF_POINT = ("algorithm.baseline", "algorithm.lr_schedule", "optim.optimizer", "optim.lr")
+
+
+def point_name(method: str, optimizer: str, lr: float) -> str:
+    return f"{method}-{optimizer}-lr{lr:g}"
+
+
+def grid(method: str) -> dict:
+    """The ``oblr compare`` grid of one method over both optimizers' lr grids."""
+    runs = [{"name": point_name(method, opt, lr), **METHODS[method], "optim.optimizer": opt, "optim.lr": lr}
+            for opt, lrs in LRS.items() for lr in lrs]
+    return {"description": f"lr sensitivity: {method} (issue 18)", "seeds": list(SEEDS), "base": BASE, "runs": runs}
+
+
+def write_grids(out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for m in METHODS:
+        p = out / f"grid-{m}.yaml"
+        p.write_text(yaml.safe_dump(grid(m), sort_keys=False), encoding="utf-8")
+        paths.append(p)
+    return paths
+
+
+# ------------------------------------------------------------------------------------------ reading
+def find_runs(roots: list[Path]) -> list[Path]:
+    """Every folder under ``roots`` holding a config.yaml (a started or finished run)."""
+    found = set()
+    for root in roots:
+        if not root.exists():
+            raise SystemExit(f"lr_sensitivity: {root} does not exist")
+        found.update(p.parent for p in root.rglob("config.yaml") if "checkpoints" not in p.parts)
+    return sorted(found)
+
+
+def method_of(cfg: dict) -> str:
+    """The method name of METHODS whose overrides this config matches, else 'baseline+schedule'."""
+    for name, ov in METHODS.items():
+        if all(config_value(cfg, k) == v for k, v in ov.items()):
+            return name
+    return f"{config_value(cfg, 'algorithm.baseline')}+{config_value(cfg, 'algorithm.lr_schedule')}"
+
+
+def collect(run_dirs: list[Path]) -> dict:
+    """{(optimizer, method, lr): {"final": [...], "best": [...], "seeds": [...], "missing": [...], "dirs": [...]}}."""
+    points: dict = defaultdict(lambda: {"final": [], "best": [], "seeds": [], "missing": [], "dirs": []})
+    for d in run_dirs:
+        cfg = run_config(d)
+        key = (config_value(cfg, "optim.optimizer"), method_of(cfg), float(config_value(cfg, "optim.lr")))
+        pt, seed = points[key], config_value(cfg, "train.seed")
+        pt["dirs"].append(d)
+        summary = d / "summary.json"
+        if not summary.is_file():
+            pt["missing"].append(seed)
+            continue
+        s = json.loads(summary.read_text(encoding="utf-8"))
+        pt["final"].append(s.get("eval_accuracy_final", math.nan))
+        pt["best"].append(s.get("eval_accuracy_best", math.nan))
+        pt["seeds"].append(seed)
+    return dict(points)
+
+
+def _cell(values: list[float]) -> str:
+    mean, std, n = aggregate([100 * v for v in values])
+    if n == 0:
+        return "missing"
+    return f"{mean:.1f}" + (f" ± {std:.1f}" if math.isfinite(std) else "") + f" ({n})"
+
+
+def tables(points: dict) -> str:
+    """One markdown table per optimizer: rows lr, columns method final / best."""
+    out = []
+    for opt in sorted({k[0] for k in points}):
+        methods = sorted({k[1] for k in points if k[0] == opt}, key=lambda m: (m not in METHODS, m))
+        lrs = sorted({k[2] for k in points if k[0] == opt})
+        head = " | ".join(f"{m} final | {m} best" for m in methods)
+        out += [f"**{opt}** (held-out sampled accuracy %, mean ± std over finished seeds (count); "
+                "'missing': no finished seed)", "", f"| lr | {head} |",
+                "|---|" + "---|" * (2 * len(methods))]
+        for lr in lrs:
+            cells = []
+            for m in methods:
+                pt = points.get((opt, m, lr))
+                cells += [_cell(pt["final"]), _cell(pt["best"])] if pt else ["–", "–"]
+                if pt and pt["missing"]:
+                    cells[-1] += f"; unfinished seeds {sorted(pt['missing'])}"
+            out.append(f"| {lr:g} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def configurations(points: dict) -> str:
+    """The keys every run shares, then per point the keys that vary (from each run's config.yaml)."""
+    flats = {d: flatten(run_config(d)) for pt in points.values() for d in pt["dirs"]}
+    keys = set().union(*flats.values()) if flats else set()
+    ignore = {"train.output_dir", "train.seed"}
+    shared = {k: next(iter(flats.values())).get(k) for k in sorted(keys - ignore)
+              if len({json.dumps(f.get(k), sort_keys=True) for f in flats.values()}) == 1}
+    varying = sorted(keys - ignore - set(shared) - set(KEY_OF_POINT))
+    lines = ["Configuration shared by every point (from the runs' config.yaml):", "", "```"]
+    cols = ["algorithm.baseline", "algorithm.lr_schedule"] + varying
+    lines += [f"{k}: {json.dumps(v)}" for k, v in shared.items()] + ["```", "", "Per point:", "",
+              "| optimizer | method | lr | " + " | ".join(cols) + " | finished seeds | unfinished |",
+              "|---|---|---|" + "---|" * (len(cols) + 2)]
+    for (opt, m, lr), pt in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        f = flats[pt["dirs"][0]]
+        lines.append(f"| {opt} | {m} | {lr:g} | " + " | ".join(str(f.get(k)) for k in cols)
+                     + f" | {sorted(pt['seeds'])} | {sorted(pt['missing'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(points: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    opts = sorted({k[0] for k in points})
+    fig, axes = plt.subplots(1, max(1, len(opts)), figsize=(6 * max(1, len(opts)), 4.2), squeeze=False)
+    for ax, opt in zip(axes[0], opts):
+        for m in sorted({k[1] for k in points if k[0] == opt}):
+            pts = sorted((k[2], v) for k, v in points.items() if k[0] == opt and k[1] == m and v["final"])
+            if not pts:
+                continue
+            xs = [lr for lr, _ in pts]
+            vals = [[100 * x for x in v["final"]] for _, v in pts]
+            line, = ax.plot(xs, [sum(v) / len(v) for v in vals], "-o", label=m, ms=4)
+            ax.fill_between(xs, [min(v) for v in vals], [max(v) for v in vals], color=line.get_color(), alpha=0.15)
+            for x, v in zip(xs, vals):
+                ax.scatter([x] * len(v), v, color=line.get_color(), s=8, alpha=0.6)
+        ax.set_xscale("log")
+        ax.set_xlabel("peak learning rate (auto: initial guess)")
+        ax.set_ylabel("final held-out sampled accuracy (%)")
+        ax.set_title(f"{opt}: mean, seeds (dots), min-max band")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "no finished run yet", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report(roots: list[Path], out: Path) -> tuple[str, Path | None]:
+    points = collect(find_runs(roots))
+    if not points:
+        raise SystemExit(f"lr_sensitivity: no run folders (config.yaml) under {', '.join(map(str, roots))}")
+    text = tables(points)
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot(points, out / "lr_sensitivity.png") if any(p["final"] for p in points.values()) else None
+    n_done = sum(len(p["seeds"]) for p in points.values())
+    n_open = sum(len(p["missing"]) for p in points.values())
+    head = (f"# Learning-rate sensitivity (generated)\n\nGenerated by `python benchmarks/lr_sensitivity.py report "
+            f"{' '.join(map(str, roots))} --out {out}` from {n_done} finished run folders ({n_open} unfinished, "
+            "listed as such). 'best' is the maximum over the run's evaluations including step 0, so a collapsed "
+            "run's best is its starting accuracy.\n\n" + ("![lr sensitivity](lr_sensitivity.png)\n\n" if png else ""))
+    (out / "lr_sensitivity.md").write_text(head + text + "\n" + configurations(points), encoding="utf-8")
+    return text, png
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("grids", help="write the oblr compare grid files")
+    g.add_argument("--out", type=Path, default=Path("configs/lr-sweep"))
+    r = sub.add_parser("report", help="table, PNG and markdown from run folders")
+    r.add_argument("roots", type=Path, nargs="+")
+    r.add_argument("--out", type=Path, default=Path("outputs/lr_sensitivity"))
+    args = ap.parse_args(argv)
+    if args.cmd == "grids":
+        for p in write_grids(args.out):
+            print(p)
+        return 0
+    text, png = report(args.roots, args.out)
+    print(text)
+    print(f"markdown: {args.out / 'lr_sensitivity.md'}" + (f"; plot: {png}" if png else "; no finished run to plot"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""oblr.step_scale: the secant estimator of descent and curvature along the step, against exact values on
+quadratics with known curvature (noise-free: exact line search; noisy: the noise-corrected curvature
+converges to the true L, the uncorrected one does not), and the ``auto`` schedule through the registry."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from oblr.schedules import make_lr_controller
+from oblr.snr import SNRStats
+from oblr.step_scale import descent_and_curvature, line_terms, sgd_kappa, target_lr
+
+
+def _stats(V: float, n: int) -> SNRStats:
+    z = torch.zeros((), dtype=torch.float64)
+    return SNRStats(S=z, V=torch.tensor(V, dtype=torch.float64), snr=z, signal=z, n=n)
+
+
+def test_noise_free_sgd_finds_the_exact_line_search_step():
+    H = torch.diag(torch.tensor([1.0, 3.0, 10.0], dtype=torch.float64))
+    theta = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    p = torch.nn.Parameter(theta.clone())
+    opt = torch.optim.SGD([p], lr=0.01)
+    ctl = make_lr_controller("auto", opt, lr=0.01, scale_ema=0.0, max_change=1e9, probe=1.0)
+    g0 = H @ theta
+    p.grad = g0.clone()
+    ctl.step(_stats(0.0, 4))
+    opt.step()
+    p.grad = H @ p.detach()
+    ctl.step(_stats(0.0, 4))
+    # one secant along -g0 on a quadratic is exact: d/h = |g|^2 / g^T H g (steepest-descent line search)
+    assert ctl.get_last_lr()[0] == pytest.approx(float(g0 @ g0 / (g0 @ H @ g0)), rel=1e-10)
+    assert ctl.last["auto/curvature"] == pytest.approx(float(g0 @ H @ g0 / (g0 @ g0)), rel=1e-10)
+
+
+def test_noise_free_adamw_finds_the_line_search_step_along_its_own_direction():
+    H = torch.diag(torch.tensor([0.5, 2.0, 8.0, 1.0], dtype=torch.float64))
+    theta = torch.tensor([1.0, -1.0, 0.3, 2.0], dtype=torch.float64)
+    p = torch.nn.Parameter(theta.clone())
+    opt = torch.optim.AdamW([p], lr=0.05, weight_decay=0.0)
+    ctl = make_lr_controller("auto", opt, lr=0.05, scale_ema=0.0, max_change=1e9, probe=1.0)
+    p.grad = H @ theta
+    ctl.step(_stats(0.0, 4))
+    g_prev = p.grad.clone()
+    opt.step()
+    u = (p.detach() - theta) / 0.05  # AdamW's lr-free direction
+    p.grad = H @ p.detach()
+    ctl.step(_stats(0.0, 4))
+    assert ctl.get_last_lr()[0] == pytest.approx(float(-(g_prev @ u) / (u @ H @ u)), rel=1e-9)
+
+
+def test_noise_corrected_curvature_converges_to_true_L_and_uncorrected_does_not():
+    L, D, sigma, n, lr = 4.0, 50, 0.3, 8, 0.02
+    gen = torch.Generator().manual_seed(1)
+    theta = torch.randn(D, generator=gen, dtype=torch.float64)
+    num = num_raw = den = d_sum = h_sum = sig = 0.0
+    for _ in range(4000):
+        g_prev = L * theta + sigma * torch.randn(D, generator=gen, dtype=torch.float64)
+        delta = -lr * g_prev
+        theta_new = theta + delta
+        g_now = L * theta_new + sigma * torch.randn(D, generator=gen, dtype=torch.float64)
+        a_raw, b, dd = line_terms([g_prev], [g_now], [delta])
+        kappa = sgd_kappa(lr, 1.0, V=n * D * sigma**2, n=n)
+        d, h = descent_and_curvature(a_raw, b, kappa, lr)
+        num += h * lr**2
+        d_sum, h_sum, sig = d_sum + d, h_sum + h, sig + float((L * theta).pow(2).sum())
+        num_raw += a_raw + b
+        den += dd
+        theta = theta_new if float(theta_new.norm()) > 0.5 else torch.randn(D, generator=gen, dtype=torch.float64)
+    assert num / den == pytest.approx(L, rel=0.05)
+    # without the correction the estimate carries the noise bias lr * (V/n) per step: here about +35 %
+    assert num_raw / den == pytest.approx(L + 4000 * lr * D * sigma**2 / den, rel=0.05)
+    assert num_raw / den > 1.25 * L
+    # and d/h is the paper's rule with the true L: (1/L) S / (S + V/n), S = |G|^2 (averaged over the path)
+    S = sig / 4000
+    assert d_sum / h_sum == pytest.approx((1 / L) * S / (S + D * sigma**2), rel=0.05)
+
+
+def test_target_lr_rules():
+    assert target_lr(1.0, 4.0, 0.2, 2.0) == pytest.approx(0.25)
+    assert target_lr(1.0, 4.0, 1.0, 2.0) == pytest.approx(0.5)   # bounded below by lr/max_change
+    assert target_lr(0.1, 4.0, 0.001, 2.0) == pytest.approx(0.002)  # bounded above by lr*max_change
+    assert target_lr(-1.0, 4.0, 1.0, 2.0) == 1.0  # no descent measured: keep
+    assert target_lr(1.0, -4.0, 1.0, 2.0) == 2.0  # descent, no measurable curvature: grow
+    assert target_lr(math.nan, 1.0, 1.0, 2.0) == 1.0
+
+
+def test_first_step_is_a_probe_and_bad_options_are_rejected():
+    p = torch.nn.Parameter(torch.zeros(3))
+    assert make_lr_controller("auto", torch.optim.SGD([p], lr=1.0), lr=1.0).get_last_lr() == [pytest.approx(0.01)]
+    with pytest.raises(ValueError, match="auto schedule: need"):
+        make_lr_controller("auto", torch.optim.SGD([p], lr=1.0), lr=1.0, probe=0.0)
+
+
+def test_unknown_optimizer_is_rejected():
+    p = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="unknown optimizer noise gain .*'Adagrad'; registered: Adam, AdamW, SGD"):
+        make_lr_controller("auto", torch.optim.Adagrad([p], lr=0.1), lr=0.1)
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.AdamW])
+def test_state_dict_round_trip_continues_the_same_lrs(opt_cls):
+    H = torch.diag(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+    gen = torch.Generator().manual_seed(0)
+    noise = [0.1 * torch.randn(3, generator=gen, dtype=torch.float64) for _ in range(10)]
+
+    def drive(p, opt, ctl, ts):
+        out = []
+        for t in ts:
+            p.grad = H @ p.detach() + noise[t]
+            ctl.step(_stats(V=0.04, n=4))
+            out.append(ctl.get_last_lr()[0])
+            opt.step()
+        return out
+
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    opt = opt_cls([p], lr=0.05)
+    ctl = make_lr_controller("auto", opt, lr=0.05, scale_ema=0.5, max_change=1.25)
+    drive(p, opt, ctl, range(5))
+    q = torch.nn.Parameter(p.detach().clone())
+    opt2 = opt_cls([q], lr=1.0)
+    opt2.load_state_dict(copy.deepcopy(opt.state_dict()))  # torch shares same-dtype state tensors
+    ctl2 = make_lr_controller("auto", opt2, lr=1.0)
+    ctl2.load_state_dict(ctl.state_dict())
+    assert opt2.param_groups[0]["lr"] == ctl.get_last_lr()[0]
+    assert drive(q, opt2, ctl2, range(5, 10)) == drive(p, opt, ctl, range(5, 10))

@@ -1,0 +1,73 @@
+"""benchmarks/lr_sensitivity.py on fake run folders: grids written for oblr compare (valid configs, the
+sweep's folder names), points grouped by (optimizer, method, lr) from config.yaml, any number of seeds,
+unfinished points marked missing, mean ± std in the table, the PNG and the configuration fragment."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import lr_sensitivity as lrs
+
+from oblr.config import Config, save_config
+from oblr.experiments.grid import load_grid, plan_grid
+
+
+def _fake_run(root: Path, method: str, opt: str, lr: float, seed: int, final: float | None, best=None):
+    d = root / lrs.point_name(method, opt, lr) / f"seed{seed}"
+    d.mkdir(parents=True)
+    cfg = Config()
+    for k, v in {**lrs.METHODS[method], "optim.optimizer": opt, "optim.lr": lr, "train.seed": seed,
+                 "train.output_dir": str(d)}.items():
+        sec, key = k.split(".")
+        setattr(getattr(cfg, sec), key, v)
+    save_config(cfg, d / "config.yaml")
+    if final is not None:
+        (d / "summary.json").write_text(json.dumps({"eval_accuracy_final": final,
+                                                    "eval_accuracy_best": final if best is None else best}))
+    return d
+
+
+def test_grids_are_valid_oblr_compare_grids_with_the_sweep_names(tmp_path):
+    paths = lrs.write_grids(tmp_path)
+    assert [p.name for p in paths] == ["grid-grpo-const.yaml", "grid-oblr-snr.yaml", "grid-oblr-auto.yaml"]
+    plan = plan_grid(load_grid(paths[0]), tmp_path / "out")  # validates every config
+    assert len(plan) == 14 * 3
+    names = {p.variant for p in plan}
+    assert {"grpo-const-adamw-lr1e-05", "grpo-const-adamw-lr0.0001", "grpo-const-sgd-lr1", "grpo-const-sgd-lr10"} <= names
+    auto = yaml.safe_load(paths[2].read_text())
+    assert {r["algorithm.lr_schedule"] for r in auto["runs"]} == {"auto"} and auto["seeds"] == [0, 1, 2]
+
+
+def test_report_groups_seeds_marks_missing_and_writes_png_and_markdown(tmp_path, capsys):
+    root = tmp_path / "sweep"
+    _fake_run(root, "grpo-const", "adamw", 1e-4, 0, 0.40, best=0.45)
+    _fake_run(root, "grpo-const", "adamw", 1e-4, 1, 0.50)
+    _fake_run(root, "grpo-const", "adamw", 1e-3, 0, 0.0, best=0.2)
+    _fake_run(root, "grpo-const", "adamw", 1e-3, 1, None)           # unfinished
+    _fake_run(root, "oblr-snr", "adamw", 1e-3, 2, 0.30)              # a single seed
+    _fake_run(root, "oblr-auto", "sgd", 1.0, 0, 0.25)
+    _fake_run(root, "grpo-const", "sgd", 0.1, 0, None)               # nothing finished at this point
+    assert lrs.main(["report", str(root), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.startswith("| 0.0001 |"))
+    assert "45.0 ± 7.1 (2)" in row and "47.5 ± 3.5 (2)" in row        # final 40/50, best 45/50
+    row = next(ln for ln in out.splitlines() if ln.startswith("| 0.001 |"))
+    assert "0.0 (1)" in row and "unfinished seeds [1]" in row and "30.0 (1)" in row
+    assert "| 0.1 | missing | missing; unfinished seeds [0] |" in out
+    assert (tmp_path / "out" / "lr_sensitivity.png").stat().st_size > 1000
+    md = (tmp_path / "out" / "lr_sensitivity.md").read_text()
+    assert "rollout.group_size: 8" in md and "| adamw | oblr-snr | 0.001 | oblr | snr | [2] | [] |" in md
+
+
+def test_report_on_nothing_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="no run folders"):
+        lrs.main(["report", str(tmp_path), "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="does not exist"):
+        lrs.main(["report", str(tmp_path / "nope")])
