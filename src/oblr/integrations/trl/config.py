@@ -128,13 +128,20 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def _show(value) -> str:
+    """A one-line rendering of a setting's value (enums as their string, objects by type)."""
+    value = getattr(value, "value", value)
+    if value is None or isinstance(value, (str, int, float, bool, dict, list, tuple)):
+        return " ".join(repr(value).split())
+    return f"{type(value).__name__}(...)"
+
+
 def refusal(cfg: GRPOConfig) -> str | None:
     """The one-line message for the first refused setting of ``cfg``, or None when all are compatible."""
     for r in RULES:
         if not r.ok(cfg):
-            value = getattr(cfg, r.setting, None)
-            value = getattr(value, "value", value)  # enums (lr_scheduler_type) print as their string
-            return f"OBLRGRPOConfig: {r.setting}={value!r} is not supported: {r.why}; use {r.use}"
+            return f"OBLRGRPOConfig: {r.setting}={_show(getattr(cfg, r.setting, None))} is not supported: " \
+                   f"{r.why}; use {r.use}"
     return None
 
 
