@@ -13,6 +13,8 @@ Methods (see docs/performance.md):
 
 - ``grpo``: :func:`oblr.update.accumulate_policy_gradient`, baseline ``"grpo"``, no SNR (the plain path);
 - ``oblr``: the same function, baseline ``"oblr"``, SNR on (book-keeping: one forward, one backward);
+- ``oblr_loop``: the same function with ``norms_method="loop"`` (the trainer's slow exact reference: one
+  batched forward, one backward per sequence through the BookKeeper interface);
 - ``loop``: one forward + backward per sequence (batch of one), what public reimplementations do;
 - ``two_backward``: a BookKeeper pass for the norms, then a second forward + ordinary backward;
 - ``torch_func``: ``vmap(grad(...))`` per-sample gradients over the sequences of each prompt;
@@ -118,9 +120,9 @@ class Ctx:
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
-def _settings(ctx: Ctx, baseline: str, need_snr: bool) -> UpdateSettings:
+def _settings(ctx: Ctx, baseline: str, need_snr: bool, norms_method: str = "auto") -> UpdateSettings:
     return UpdateSettings(baseline=baseline, aggregation=AGGREGATION, max_len=ctx.max_len, need_snr=need_snr,
-                          micro_batch_groups=ctx.micro_batch_groups)
+                          micro_batch_groups=ctx.micro_batch_groups, norms_method=norms_method)
 
 
 def step_grpo(ctx: Ctx):
@@ -130,6 +132,11 @@ def step_grpo(ctx: Ctx):
 
 def step_oblr(ctx: Ctx):
     return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "oblr", True)) \
+        .per_prompt_sq_norms
+
+
+def step_oblr_loop(ctx: Ctx):
+    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "oblr", True, "loop")) \
         .per_prompt_sq_norms
 
 
@@ -285,6 +292,7 @@ def methods() -> list[Method]:
     return [
         Method("grpo", step_grpo, "GRPO, plain path: 1 forward + 1 backward"),
         Method("oblr", step_oblr, "OBLR-PO, book-keeping: 1 forward + 1 backward, w_i, ||g_k||^2"),
+        Method("oblr_loop", step_oblr_loop, "OBLR-PO, norms_method=loop: 1 forward + 1 backward per sequence"),
         Method("loop", step_loop, "loop: 1 forward + 1 backward per sequence"),
         Method("two_backward", step_two_backward, "BookKeeper norms pass, then forward + ordinary backward"),
         Method("torch_func", step_torch_func, "torch.func vmap(grad) per-sample gradients per prompt"),

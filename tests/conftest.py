@@ -58,7 +58,7 @@ def llama_model():
 @pytest.fixture(scope="session")
 def small_builtin(tmp_path_factory):
     """The built-in model's architecture and tokenizer with a very short warm start (test-sized, seconds)."""
-    from oblr.builtin_model import build_builtin_model
+    from oblr.models.builtin import build_builtin_model
 
     return build_builtin_model(tmp_path_factory.mktemp("builtin") / "model", sft_steps=40, n_measure=8,
                                progress=None)

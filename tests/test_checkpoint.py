@@ -2,7 +2,7 @@ import pytest
 import torch
 from conftest import tiny_qwen3
 
-from oblr import checkpoint as ckpt
+from oblr.train import checkpoint as ckpt
 
 
 def _state():

@@ -35,15 +35,15 @@ def test_majority_and_vote_key():
     assert majority_correct([None, None], [False, False]) is False
 
 
-class FakeGenerate:
-    """Answers problem k correctly in samples j < k % (n + 1): a known pattern of right and wrong."""
+class FakeEngine:
+    """A rollout engine that answers problem k correctly in samples j < k % (n + 1): a known pattern."""
 
     def __init__(self, answers: dict[str, str], kind: str):
         self.answers, self.kind, self.calls = answers, kind, []
 
-    def __call__(self, model, tokenizer, prompts, *, num_samples, max_new_tokens, temperature, top_p, greedy,
-                 batch_size, generator_seed):
-        self.calls.append(dict(n=len(prompts), greedy=greedy, temperature=temperature, seed=generator_seed))
+    def generate(self, prompts, *, num_samples, max_new_tokens, temperature=1.0, top_p=1.0, greedy=False, seed=None,
+                 progress=None):
+        self.calls.append(dict(n=len(prompts), greedy=greedy, temperature=temperature, seed=seed))
         out = []
         for p in prompts:
             k = list(self.answers).index(p)
@@ -59,10 +59,10 @@ class FakeGenerate:
 def test_evaluate_with_fake_generation(tmp_path, name):
     limit, n = 5, 3
     task = get_task(name, template="base", limit=limit, train_limit=0)
-    fake = FakeGenerate({e.prompt: e.answer for e in task.eval}, task.kind)
+    fake = FakeEngine({e.prompt: e.answer for e in task.eval}, task.kind)
     buf = io.StringIO()
     res = evaluate(None, None, [name], n=n, temperature=0.7, limit=limit, batch_size=6, template="base",
-                   output_dir=tmp_path, generate_fn=fake, show_progress=False, stream=buf)[name]
+                   output_dir=tmp_path, engine=fake, show_progress=False, stream=buf)[name]
     right = [k % (n + 1) for k in range(limit)]  # correct samples per problem: 0,1,2,3,0
     assert res["problems"] == limit and res["n"] == n
     assert res["pass@1"] == pytest.approx(sum(right) / (n * limit))

@@ -12,8 +12,13 @@ import yaml
 
 from oblr.cli import main
 from oblr.config import ConfigError
-from oblr.grid import decide, grid_from_dict, load_grid, plan_grid
-from oblr.proxy_study import average_ranks, compare_weights, sequence_weights, spearman_within_groups
+from oblr.experiments.grid import decide, grid_from_dict, load_grid, plan_grid
+from oblr.experiments.proxy_study import (
+    average_ranks,
+    compare_weights,
+    sequence_weights,
+    spearman_within_groups,
+)
 
 TINY = {"rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16},
         "task": {"eval_size": 4, "options": {"n_train": 200, "n_eval": 20}},
@@ -218,10 +223,10 @@ def test_compare_weights_perfect_proxy_and_uniform_proxy():
 
 
 def test_sequence_weights_match_the_loop_reference_with_the_aggregation_scale(small_builtin):
+    from oblr.experiments.proxy_study import collect_rollouts
     from oblr.gradnorm import length_weights, loop_sequence_sq_norms
     from oblr.losses import sequence_scale
     from oblr.models import load_model_and_tokenizer
-    from oblr.proxy_study import collect_rollouts
     from oblr.tasks import get_task
 
     model, tok = load_model_and_tokenizer(small_builtin)

@@ -41,7 +41,7 @@ def test_sequence_norms_match_loop_all_methods(which, left_pad, qwen3_model, lla
         w = sequence_grad_sq_norms(model, ids, am, rm, method=method)
         assert w.dtype == torch.float32 and w.shape == (len(PROMPTS),)
         assert rel_err(w, ref) < TOL, method
-    assert torch.equal(sequence_grad_sq_norms(model, ids, am, rm, method="loop"), ref)
+    assert rel_err(sequence_grad_sq_norms(model, ids, am, rm, method="loop"), ref) < TOL  # via BookKeeper
 
 
 def test_tied_parameters_deduplicated_and_cross_term_needed(qwen3_model):
@@ -110,7 +110,7 @@ def test_group_norms_and_weighted_grad_match_loop(qwen3_model, group_ids):
     ref = loop_group_sq_norms(model, ids, am, rm, coeffs, gid)
     want = loop_weighted_grad(model, ids, am, rm, coeffs)
     params = trainable_parameters(model)
-    for method in ("ghost", "materialize", "auto"):
+    for method in ("ghost", "materialize", "auto", "loop"):
         book = _record(model, ids, am, rm, method=method)
         gk = book.group_sq_norms(coeffs, gid)
         assert gk.shape == ref.shape and rel_err(gk, ref) < TOL, method
@@ -170,8 +170,8 @@ def test_backward_misuse_raises(qwen3_model):
             book.backward(seq_lp)
     with pytest.raises(ValueError, match="coeffs must be"):
         book.accumulate_grad(torch.ones(3))
-    with pytest.raises(ValueError, match="method"):
-        BookKeeper(model, method="loop")
+    with pytest.raises(ValueError, match="unknown gradient-norm method 'nope'; registered: auto, ghost, loop"):
+        BookKeeper(model, method="nope")
     with book.record(), torch.no_grad(), pytest.raises(RuntimeError, match="embed_tokens.*gradients disabled"):
         forward_logits(model, ids, am)
     model.gradient_checkpointing_enable()

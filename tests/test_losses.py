@@ -62,7 +62,7 @@ def test_sequence_scale_values():
     assert torch.allclose(sequence_scale(resp, "seq_mean"), 1 / (4 * L))
     resp[1] = 0  # empty response
     assert sequence_scale(resp, "seq_mean")[1] == 0
-    with pytest.raises(ValueError, match="known aggregations: seq_sum_const"):
+    with pytest.raises(ValueError, match="unknown loss aggregation .mean.; registered: seq_mean, seq_sum_const"):
         sequence_scale(resp, "mean")
     with pytest.raises(ValueError, match="max_len"):
         sequence_scale(resp, "seq_sum_const", max_len=0)
@@ -147,7 +147,7 @@ def test_errors():
         policy_loss(lp, lp, adv, mask, clip_eps=-0.1)
     with pytest.raises(ValueError, match="needs clip_eps"):
         policy_loss(lp, lp, adv, mask, clip_eps_high=0.3)
-    with pytest.raises(ValueError, match="unknown aggregation"):
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
         policy_loss(lp, lp, adv, mask, aggregation="sum")
 
 

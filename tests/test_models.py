@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import oblr.builtin_model as bm
+import oblr.models.builtin as bm
 from oblr.models import builtin_model_dir, load_model_and_tokenizer, resolve_model_path
-from oblr.tokenizer_builder import EOS, PAD, UNK, build_tokenizer
+from oblr.models.tokenizer import EOS, PAD, UNK, build_tokenizer
 
 TINY = {"sft_steps": 3, "batch_size": 8, "n_train": 200, "n_measure": 8, "progress": None}
 

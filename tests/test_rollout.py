@@ -7,9 +7,9 @@ import torch
 from conftest import tiny_qwen3
 
 from oblr.logprobs import token_logprobs
+from oblr.models.tokenizer import MODEL_VOCAB_SIZE, build_tokenizer
 from oblr.rollout import RolloutBatch, generate
 from oblr.rollout.hf import sample_next_token
-from oblr.tokenizer_builder import MODEL_VOCAB_SIZE, build_tokenizer
 
 PROMPTS = ["Q: 1+2\nA:", "Q: (17+5)*3-8\nA:", "Q: 9\nA:"]
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from oblr.snr import SNRLearningRate, signal_noise, signal_noise_from_microbatches, snr_factor
+from oblr.snr import SNRLearningRate, signal_noise, signal_noise_from_microbatches, snr_factor, snr_statistics
 
 D = torch.float64
 
@@ -235,3 +235,16 @@ def test_plug_in_rule_overshoots_at_low_snr_in_few_dimensions():
     dec, grad_sq, tr = rule_decrease_mc(0.05, 10, 8, 2000, gen)
     se = float(dec.std() / math.sqrt(len(dec)))
     assert float(dec.mean()) + 4 * se < 0 < exact_decrease(grad_sq, tr, 8, snr_factor(grad_sq, tr, 8) / L_SMOOTH)
+
+
+def test_snr_statistics_keep_the_unclamped_signal():
+    """snr_statistics is the one home of S, V, SNR: S = max(signal, 0) with signal = ||gbar||^2 - V/N kept
+    unclamped (what an average over steps must average); signal_noise returns its first three fields."""
+    sq = torch.tensor([1.0, 1.0, 1.0, 1.0], dtype=D)  # pure noise: ||gbar||^2 = 0
+    st = snr_statistics(sq, 0.0, 4)
+    assert float(st.V) == pytest.approx(4 / 3) and float(st.signal) == pytest.approx(-1 / 3)
+    assert float(st.S) == 0.0 and float(st.snr) == 0.0 and st.n == 4
+    assert [float(x) for x in signal_noise(sq, 0.0, 4)] == [float(st.S), float(st.V), float(st.snr)]
+    m = snr_statistics(torch.tensor([1.0, 3.0, 2.0]), 1.5, 3).metrics()
+    assert m["snr/factor"] == pytest.approx(snr_factor(m["snr/S"], m["snr/V"], 3))
+    assert m["snr/n_snr"] == pytest.approx(3 * m["snr/snr"]) and m["snr/snr"] == pytest.approx(m["snr/S"] / m["snr/V"])

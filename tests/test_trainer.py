@@ -13,7 +13,7 @@ import torch
 from oblr.cli import main
 from oblr.config import load_config
 from oblr.tracking import read_metrics
-from oblr.trainer import Trainer, TrainingError
+from oblr.train.trainer import Trainer, TrainingError
 
 TINY = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=24", "task.eval_size=8",
         "train.eval_samples=2", "train.threads=1", "task.options={n_train: 200, n_eval: 20}"]
@@ -117,14 +117,14 @@ def test_sigint_to_a_real_process_leaves_a_loadable_checkpoint(small_builtin, tm
     finally:
         if proc.poll() is None:
             proc.kill()
-    from oblr.checkpoint import latest_checkpoint, load_trainer_state
+    from oblr.train.checkpoint import latest_checkpoint, load_trainer_state
 
     ck = latest_checkpoint(out)
     assert ck is not None and load_trainer_state(ck)["step"] >= 1
 
 
 def test_nan_gradients_skip_steps_then_stop(small_builtin, tmp_path, monkeypatch):
-    import oblr.trainer as tr
+    import oblr.train.trainer as tr
 
     real = tr.accumulate_policy_gradient
 

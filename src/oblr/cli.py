@@ -1,6 +1,10 @@
-"""Command line: ``oblr train | eval | compare | report | tasks``.
+"""Command line: ``oblr train | eval | compare | report | proxy-study | tasks``.
 
-Each subcommand's options live beside its implementation; this module only assembles the parser.
+Each subcommand's options live beside its implementation (``oblr eval``: :mod:`oblr.evaluate`; ``compare``,
+``report``, ``proxy-study``: :mod:`oblr.experiments.runner`); this module assembles the parser, defines
+``train`` and ``tasks``, loads plugins (``--plugin MODULE`` and the ``oblr.plugins`` entry points,
+:mod:`oblr.plugins`) before anything is parsed or validated, and turns bad input into one line on stderr
+with exit status 2.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from oblr import __version__
 
 def _train_parser(sub) -> None:
     from oblr.config import config_help
+    from oblr.plugins import add_plugin_option
 
     p = sub.add_parser(
         "train", help="train a policy with OBLR-PO (or any baseline/schedule) from a config",
@@ -26,12 +31,13 @@ def _train_parser(sub) -> None:
     p.add_argument("--output-dir", help="run folder (same as train.output_dir=...)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its last checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    add_plugin_option(p)
     p.set_defaults(func=_cmd_train)
 
 
 def _cmd_train(args) -> int:
     from oblr.config import load_config
-    from oblr.trainer import train
+    from oblr.train import train
 
     overrides = list(args.overrides)
     if args.output_dir:
@@ -42,18 +48,18 @@ def _cmd_train(args) -> int:
 
 
 def _tasks_parser(sub) -> None:
-    p = sub.add_parser("tasks", help="list the registered tasks and estimators")
+    from oblr.plugins import add_plugin_option
+
+    p = sub.add_parser("tasks", help="list the registered names of every choice (tasks, estimators, schedules, ...)")
+    add_plugin_option(p)
     p.set_defaults(func=_cmd_tasks)
 
 
 def _cmd_tasks(args) -> int:
-    from oblr.estimators import available_estimators
-    from oblr.schedules import available_schedules
-    from oblr.tasks import available_tasks
+    from oblr.config import choice_fields
 
-    print("tasks:       " + ", ".join(available_tasks()))
-    print("baselines:   " + ", ".join(available_estimators()))
-    print("lr schedules: " + ", ".join(available_schedules()))
+    for key, kind, names in choice_fields():
+        print(f"{key:<24} {kind + ':':<24} {', '.join(names)}")
     return 0
 
 
@@ -63,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"oblr {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _train_parser(sub)
-    for modname in ("oblr.evaluate", "oblr.experiments"):
+    for modname in ("oblr.evaluate", "oblr.experiments.runner"):
         try:
             mod = __import__(modname, fromlist=["register_cli"])
         except ModuleNotFoundError as e:
@@ -77,7 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from oblr.config import ConfigError
+    from oblr.plugins import PluginError, load_plugins, plugins_in_argv
 
+    try:  # before the parser exists: `--help` and validation see the plugins' names
+        load_plugins(plugins_in_argv(sys.argv[1:] if argv is None else argv))
+    except PluginError as e:
+        print(f"oblr: error: {e}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

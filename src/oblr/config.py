@@ -1,7 +1,10 @@
 """Typed training configuration: dataclasses with a help line per field, YAML files, dotted overrides.
 
 Everything is validated before any model loads: an unknown key, a wrong type or a bad value raises
-:class:`ConfigError` with one message that names the key and says how to fix it.
+:class:`ConfigError` with one message that names the key and says how to fix it. A choice-valued key
+names the registry (or table) its choices come from (``opt(..., choices="module:NAME")``), so
+``oblr train --help``, validation errors and ``oblr tasks`` list the same names, and a name registered by
+user code (``oblr train --plugin MODULE``) is accepted without editing this module.
 
     cfg = load_config("configs/qwen3-4b-gsm8k.yaml", ["algorithm.baseline=rloo", "train.steps=50"])
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -24,7 +28,8 @@ class ConfigError(ValueError):
 
 
 def opt(default, help: str, **kw):
-    """A dataclass field with a help line (shown by ``oblr train --help``)."""
+    """A dataclass field with a help line (shown by ``oblr train --help``). ``choices="module:NAME"`` names
+    the :class:`oblr.registry.Registry` (or tuple of names) whose names the value must be one of."""
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
@@ -34,7 +39,7 @@ def opt(default, help: str, **kw):
 class ModelConfig:
     name_or_path: str = opt("builtin", "Hugging Face checkpoint directory or hub id; 'builtin' = the tiny "
                                        "arithmetic model oblr builds and caches on first use")
-    dtype: str = opt("float32", "parameter dtype: float32 | bfloat16 | float16")
+    dtype: str = opt("float32", "parameter dtype", choices="oblr.models:DTYPES")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N")
     trust_remote_code: bool = opt(False, "passed to from_pretrained")
     lora_rank: int = opt(0, "train LoRA adapters of this rank instead of all weights (0 = full fine-tuning)")
@@ -44,7 +49,7 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = opt("arithmetic", "task name (see `oblr tasks`): arithmetic | gsm8k | math500 | ...")
+    name: str = opt("arithmetic", "task name (see `oblr tasks`)", choices="oblr.tasks:TASKS")
     options: dict = opt({}, "task options passed to the task factory (e.g. difficulty, n_train, template)")
     eval_size: int = opt(200, "held-out prompts used by periodic evaluation (0 = none; capped at the split size)")
 
@@ -57,27 +62,30 @@ class RolloutConfig:
     temperature: float = opt(1.0, "sampling temperature for training rollouts")
     top_p: float = opt(1.0, "nucleus sampling threshold")
     batch_size: int = opt(256, "sequences generated per batch")
+    engine: str = opt("hf", "rollout engine that generates the samples", choices="oblr.rollout:ENGINES")
+    engine_options: dict = opt({}, "extra options of the rollout engine's factory")
 
 
 @dataclass
 class AlgorithmConfig:
-    baseline: str = opt("oblr", "baseline/advantage estimator: oblr | oblr_self | rloo | grpo | dr_grpo | opo | "
-                                "otb_proxy | reinforce (or any registered name)")
-    lr_schedule: str = opt("snr", "learning-rate schedule: snr (OBLR-PO) | constant | cosine")
-    aggregation: str = opt("seq_sum_const", "loss aggregation: seq_sum_const (unbiased) | token_mean | seq_mean")
+    baseline: str = opt("oblr", "baseline/advantage estimator", choices="oblr.estimators:ESTIMATORS")
+    lr_schedule: str = opt("snr", "learning-rate schedule (snr = OBLR-PO)", choices="oblr.schedules:SCHEDULES")
+    aggregation: str = opt("seq_sum_const", "loss aggregation (seq_sum_const is the unbiased one)",
+                           choices="oblr.losses:AGGREGATIONS")
     max_len: int = opt(0, "the constant of seq_sum_const (0 = rollout.max_new_tokens)")
     baseline_options: dict = opt({}, "extra options of the estimator, e.g. {scale_std: false} for grpo")
     epochs: int = opt(1, "policy updates per batch of rollouts (>1 uses importance ratios and clipping)")
     clip_eps: float = opt(0.2, "PPO clip range for epochs > 1")
     kl_coef: float = opt(0.0, "weight of the k3 KL penalty to the initial (frozen) policy; 0 = off")
-    norms_method: str = opt("auto", "exact gradient norms: auto | ghost | materialize | loop (slow reference)")
+    norms_method: str = opt("auto", "how exact gradient norms are computed (loop = the slow reference)",
+                            choices="oblr.gradnorm:NORMS_METHODS")
     track_snr: bool = opt(False, "compute and log S, V, SNR even when the schedule does not use them")
     micro_batch_groups: int = opt(0, "prompt groups per forward/backward micro-batch (0 = all at once)")
 
 
 @dataclass
 class OptimConfig:
-    optimizer: str = opt("adamw", "adamw | sgd")
+    optimizer: str = opt("adamw", "optimizer", choices="oblr.train.optimizers:OPTIMIZERS")
     lr: float = opt(1e-3, "peak learning rate (eta_max of the SNR rule, or the constant/cosine peak)")
     eta_min: float = opt(0.0, "learning-rate floor")
     snr_ema: float = opt(0.9, "EMA factor for S and V in the SNR rule (0 = current batch only, as in the paper; "
@@ -243,14 +251,40 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"config key '{key}': {msg}")
 
 
+def _choices(f: dataclasses.Field) -> tuple[str, list[str]] | None:
+    """``(kind, names)`` of a choice-valued field (None for other fields); imports the registry's module."""
+    ref = f.metadata.get("choices")
+    if ref is None:
+        return None
+    module, _, attr = ref.partition(":")
+    table = getattr(importlib.import_module(module), attr)
+    if hasattr(table, "names"):  # a Registry
+        return table.kind, table.names()
+    return f.name, list(table)
+
+
+def choice_fields() -> list[tuple[str, str, list[str]]]:
+    """``[(dotted key, kind, names)]`` for every choice-valued key of the config."""
+    out = []
+    for sec in dataclasses.fields(Config):
+        for f in dataclasses.fields(_hints(Config)[sec.name]):
+            c = _choices(f)
+            if c is not None:
+                out.append((f"{sec.name}.{f.name}", *c))
+    return out
+
+
+def _check_choices(cfg: Config) -> None:
+    for key, kind, names in choice_fields():
+        sec, name = key.split(".")
+        value = getattr(getattr(cfg, sec), name)
+        _check(value in names, key, f"unknown {kind} {value!r}; registered: {', '.join(names)}")
+
+
 def validate(cfg: Config) -> None:
     """Value checks that need no model or data. Raises ConfigError naming the key."""
-    from oblr.estimators import available_estimators
-    from oblr.losses import AGGREGATIONS
-
+    _check_choices(cfg)
     r, a, o, t = cfg.rollout, cfg.algorithm, cfg.optim, cfg.train
-    _check(cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype",
-           f"{cfg.model.dtype!r} is not one of float32, bfloat16, float16")
     _check(cfg.model.device == "auto" or cfg.model.device.split(":")[0] in ("cpu", "cuda", "mps"),
            "model.device", f"{cfg.model.device!r} is not auto, cpu, cuda or cuda:N")
     _check(cfg.model.lora_rank >= 0, "model.lora_rank", "must be >= 0")
@@ -260,25 +294,17 @@ def validate(cfg: Config) -> None:
     _check(r.temperature > 0, "rollout.temperature", "must be > 0 (training samples; greedy is for eval)")
     _check(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     _check(r.batch_size >= 1, "rollout.batch_size", "must be >= 1")
-    known = available_estimators()
-    _check(a.baseline in known, "algorithm.baseline", f"unknown {a.baseline!r}; known: {', '.join(known)}")
-    from oblr.schedules import available_schedules
-
-    _check(a.lr_schedule in available_schedules(), "algorithm.lr_schedule",
-           f"unknown {a.lr_schedule!r}; known: {', '.join(available_schedules())}")
-    _check(a.aggregation in AGGREGATIONS, "algorithm.aggregation",
-           f"unknown {a.aggregation!r}; known: {', '.join(AGGREGATIONS)}")
     _check(a.max_len >= 0, "algorithm.max_len", "must be >= 0")
     _check(a.epochs >= 1, "algorithm.epochs", "must be >= 1")
     _check(a.clip_eps > 0, "algorithm.clip_eps", "must be > 0")
     _check(a.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
-    _check(a.norms_method in ("auto", "ghost", "materialize", "loop"), "algorithm.norms_method",
-           f"{a.norms_method!r} is not auto, ghost, materialize or loop")
     _check(a.micro_batch_groups >= 0, "algorithm.micro_batch_groups", "must be >= 0")
-    if a.lr_schedule == "snr":
+    from oblr.schedules import SCHEDULES
+
+    if getattr(SCHEDULES.get(a.lr_schedule), "needs_snr", False) or a.track_snr:
         _check(r.prompts_per_step >= 2, "rollout.prompts_per_step",
-               "the SNR schedule estimates noise across prompts and needs at least 2 prompts per step")
-    _check(o.optimizer in ("adamw", "sgd"), "optim.optimizer", f"{o.optimizer!r} is not adamw or sgd")
+               "S and V (SNR schedule, algorithm.track_snr) estimate the noise across prompts; "
+               "the step needs at least 2 prompts")
     _check(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
     _check(0 <= o.eta_min <= o.lr, "optim.eta_min", "must be in [0, optim.lr]")
     _check(0 <= o.snr_ema < 1, "optim.snr_ema", "must be in [0, 1)")
@@ -296,7 +322,7 @@ def validate(cfg: Config) -> None:
 
 
 def config_help() -> str:
-    """One line per key: ``section.key (type, default): help``, for ``oblr train --help``."""
+    """One line per key: ``section.key (type, default): help [choices]``, for ``oblr train --help``."""
     lines = []
     for sec in dataclasses.fields(Config):
         cls = _hints(Config)[sec.name]
@@ -304,6 +330,8 @@ def config_help() -> str:
         hints = _hints(cls)
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            choices = _choices(f)
+            extra = f" [{' | '.join(choices[1])}]" if choices else ""
             lines.append(f"  {sec.name}.{f.name} ({_type_name(hints[f.name])}, default {default!r}): "
-                         f"{f.metadata.get('help', '')}")
+                         f"{f.metadata.get('help', '')}{extra}")
     return "\n".join(lines)

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
+from oblr.registry import Registry
+
 WEIGHT_KINDS = (None, "exact", "length", "logit_energy")
 
 
@@ -73,7 +75,7 @@ class Estimator:
         return {p.name for p in params}
 
 
-_REGISTRY: dict[str, Estimator] = {}
+ESTIMATORS = Registry("estimator")
 
 
 def register_estimator(name: str, *, weights: str | None = None, min_group_size: int = 2):
@@ -90,25 +92,21 @@ def register_estimator(name: str, *, weights: str | None = None, min_group_size:
         raise ValueError(f"estimator {name!r}: min_group_size must be >= 1, got {min_group_size}")
 
     def deco(fn):
-        if name in _REGISTRY:
-            raise ValueError(f"estimator {name!r} is already registered")
-        _REGISTRY[name] = Estimator(name=name, fn=fn, weights=weights, min_group_size=min_group_size)
+        ESTIMATORS.register(name, Estimator(name=name, fn=fn, weights=weights, min_group_size=min_group_size))
         return fn
 
     return deco
 
 
 def available_estimators() -> list[str]:
-    return sorted(_REGISTRY)
+    return ESTIMATORS.names()
 
 
 def get_estimator(name: str | Estimator) -> Estimator:
     """The registered :class:`Estimator` called ``name`` (an Estimator is returned as is)."""
     if isinstance(name, Estimator):
         return name
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown estimator {name!r}; known estimators: {', '.join(available_estimators())}")
-    return _REGISTRY[name]
+    return ESTIMATORS.get(name)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -267,6 +265,72 @@ def _run(method, rewards, weights, lengths, options):
     return rewards, w, out
 
 
+@dataclass
+class Estimate:
+    """Advantages with what produced them, all [N, G]: ``weights`` are the ones the method used (the
+    validated ``weights`` or ``lengths``; None for methods without weights), ``fallback`` marks outputs
+    whose baseline used the guard's fallback (None for methods without a guard)."""
+
+    advantages: torch.Tensor
+    baseline: torch.Tensor
+    weights: torch.Tensor | None = None
+    fallback: torch.Tensor | None = None
+
+    @staticmethod
+    def cat(parts: list[Estimate]) -> Estimate:
+        """The estimate of a batch processed in parts of whole prompts (concatenated along N)."""
+        def cat(name):
+            ts = [getattr(p, name) for p in parts]
+            return None if any(t is None for t in ts) else torch.cat(ts)
+
+        return Estimate(cat("advantages"), cat("baseline"), cat("weights"), cat("fallback"))
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        """Detached 0-d tensors (no host sync); stds and variances are population ones (never NaN):
+        ``baseline/{mean,std_across_prompts,fallback_count}``, ``adv/{mean,std,var_across_prompts}`` and,
+        with weights, ``weights/{mean,std,cv_within_group,max_over_mean}``."""
+        b, adv = self.baseline.detach(), self.advantages.detach()
+        if self.fallback is None:
+            fallback = torch.zeros((), dtype=torch.long, device=b.device)
+        else:
+            fallback = self.fallback.sum()
+        m = {
+            "baseline/mean": b.mean(),
+            "baseline/std_across_prompts": b.mean(-1).std(correction=0),
+            "baseline/fallback_count": fallback,
+            "adv/mean": adv.mean(),
+            "adv/std": adv.std(correction=0),
+            "adv/var_across_prompts": adv.mean(-1).var(correction=0),
+        }
+        if self.weights is not None:
+            w = self.weights.detach()
+            mean = w.mean()
+            g_mean = w.mean(-1)
+            g_cv = torch.where(g_mean > 0, w.std(-1, correction=0) / g_mean.clamp(min=torch.finfo(w.dtype).tiny),
+                               torch.zeros_like(g_mean))
+            m.update({
+                "weights/mean": mean,
+                "weights/std": w.std(correction=0),
+                "weights/cv_within_group": g_cv.mean(),
+                "weights/max_over_mean": torch.where(mean > 0, w.max() / mean.clamp(min=torch.finfo(w.dtype).tiny),
+                                                     torch.zeros_like(mean)),
+            })
+        return m
+
+
+def estimate(method, rewards, *, weights=None, lengths=None, **options) -> Estimate:
+    """The :class:`Estimate` of ``method``: advantages A = (F - b) [/ scale] and what produced them.
+
+    Arguments as :func:`compute_advantages`. Raises ValueError on bad shapes, G too small, non-finite or
+    negative inputs, missing weights.
+    """
+    rewards, w, out = _run(method, rewards, weights, lengths, options)
+    adv = rewards - out.baseline
+    if out.scale is not None:
+        adv = adv / out.scale
+    return Estimate(advantages=adv, baseline=out.baseline, weights=w, fallback=out.fallback)
+
+
 def compute_baselines(method, rewards, *, weights=None, lengths=None, **options) -> torch.Tensor:
     """Baselines b [N, G] of ``method`` (a registered name). Arguments as :func:`compute_advantages`."""
     return _run(method, rewards, weights, lengths, options)[2].baseline
@@ -278,46 +342,8 @@ def compute_advantages(method, rewards, *, weights=None, lengths=None, return_me
     rewards [N, G]; weights [N, G] (w_i >= 0; exact ``||s_i||^2`` or a proxy, used by methods whose
     ``get_estimator(method).weights`` is "exact"/"logit_energy"); lengths [N, G] (used by "length"
     methods). ``options`` go to the method (e.g. ``scale_std``, ``eps`` for grpo; ``guard_eps``).
-    With ``return_metrics`` returns ``(A, metrics)``; metrics are 0-d tensors (no host sync):
-    ``baseline/{mean,std_across_prompts,fallback_count}``, ``adv/{mean,std,var_across_prompts}`` and,
-    for methods with weights, ``weights/{mean,std,cv_within_group,max_over_mean}``.
+    With ``return_metrics`` returns ``(A, metrics)`` (:meth:`Estimate.metrics`).
     Raises ValueError on bad shapes, G too small, non-finite or negative inputs, missing weights.
     """
-    rewards, w, out = _run(method, rewards, weights, lengths, options)
-    adv = rewards - out.baseline
-    if out.scale is not None:
-        adv = adv / out.scale
-    if not return_metrics:
-        return adv
-    return adv, _metrics(out, adv, w)
-
-
-def _metrics(out: BaselineOutput, adv: torch.Tensor, w: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """Detached 0-d tensors; stds and variances are population ones (correction 0, never NaN)."""
-    b, adv = out.baseline.detach(), adv.detach()
-    if out.fallback is None:
-        fallback = torch.zeros((), dtype=torch.long, device=b.device)
-    else:
-        fallback = out.fallback.sum()
-    m = {
-        "baseline/mean": b.mean(),
-        "baseline/std_across_prompts": b.mean(-1).std(correction=0),
-        "baseline/fallback_count": fallback,
-        "adv/mean": adv.mean(),
-        "adv/std": adv.std(correction=0),
-        "adv/var_across_prompts": adv.mean(-1).var(correction=0),
-    }
-    if w is not None:
-        w = w.detach()
-        mean = w.mean()
-        g_mean = w.mean(-1)
-        g_cv = torch.where(g_mean > 0, w.std(-1, correction=0) / g_mean.clamp(min=torch.finfo(w.dtype).tiny),
-                           torch.zeros_like(g_mean))
-        m.update({
-            "weights/mean": mean,
-            "weights/std": w.std(correction=0),
-            "weights/cv_within_group": g_cv.mean(),
-            "weights/max_over_mean": torch.where(mean > 0, w.max() / mean.clamp(min=torch.finfo(w.dtype).tiny),
-                                                 torch.zeros_like(mean)),
-        })
-    return m
+    est = estimate(method, rewards, weights=weights, lengths=lengths, **options)
+    return (est.advantages, est.metrics()) if return_metrics else est.advantages

@@ -1,7 +1,8 @@
 """Benchmark evaluation: ``evaluate(model, tokenizer, ["gsm8k", "math500"], n=4, ...)`` and ``oblr eval``.
 
-For each benchmark (a registered math task, :mod:`oblr.tasks.math`) every problem gets ``n`` samples from
-:func:`oblr.rollout.hf.generate` (greedy when ``temperature == 0``), graded by :mod:`oblr.grading`.
+For each benchmark (a registered math task, :mod:`oblr.tasks.math`) every problem gets ``n`` samples from a
+rollout engine (:func:`oblr.rollout.generate_and_score`; the ``hf`` engine unless another is given; greedy
+when ``temperature == 0``), graded by :mod:`oblr.grading`.
 With ``c_i`` correct samples out of ``n`` for problem ``i`` of ``N``:
 
 - ``pass@1 = avg@n = (1/N) sum_i c_i / n`` (mean accuracy over the n samples; the unbiased pass@1 estimate)
@@ -24,7 +25,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -74,10 +75,13 @@ def score(correct: Sequence[Sequence[bool]], keys: Sequence[Sequence[str | None]
     return out
 
 
-def _default_generate(model, tokenizer, prompts, **kw):
-    from oblr.rollout.hf import generate
+def _grader(kind: str, timeout: float):
+    """``score(responses, rows)`` for :func:`oblr.rollout.generate_and_score`: graded results, one per row."""
+    def grade(responses, rows):
+        return grade_many(responses, [e.answer for e in rows], kind=kind, units=[e.meta.get("unit") for e in rows],
+                          timeout=timeout)
 
-    return generate(model, tokenizer, prompts, **kw)
+    return grade
 
 
 def _check(n: int, temperature: float, top_p: float, max_new_tokens: int, limit, batch_size: int, template: str):
@@ -111,12 +115,14 @@ def _parse_benchmarks(benchmarks: str | Sequence[str]) -> list[str]:
 def evaluate_benchmark(model, tokenizer, name: str, *, n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
                        max_new_tokens: int = 1024, limit: int | None = None, batch_size: int = 32,
                        template: str = "auto", seed: int = 0, timeout: float = DEFAULT_TIMEOUT,
-                       generate_fn: Callable | None = None, show_progress: bool = True,
+                       engine=None, show_progress: bool = True,
                        stream: TextIO | None = None) -> tuple[dict[str, Any], list[dict]]:
-    """One benchmark: ``(metrics, samples)``; samples are the graded rows (problem-major, n per problem)."""
-    from oblr.progress import progress
+    """One benchmark: ``(metrics, samples)``; samples are the graded rows (problem-major, n per problem).
+    ``engine``: a :class:`oblr.rollout.RolloutEngine` (default: the ``hf`` engine over ``model``)."""
+    from oblr.rollout import generate_and_score, make_engine
+    from oblr.tracking.progress import progress
 
-    gen = generate_fn or _default_generate
+    engine = engine or make_engine("hf", model, tokenizer, batch_size=batch_size)
     task = get_task(name, template=template, tokenizer=tokenizer, limit=limit, train_limit=0, timeout=timeout)
     examples = task.eval
     per_call = max(1, batch_size // n)  # problems per generate call
@@ -126,15 +132,12 @@ def evaluate_benchmark(model, tokenizer, name: str, *, n: int = 1, temperature: 
                           stream=stream)
     t0 = time.perf_counter()
     samples: list[dict] = []
+    grade = _grader(task.kind, timeout)
     for ci, chunk in enumerate(chunks):
-        batch = gen(model, tokenizer, [e.prompt for e in chunk], num_samples=n, max_new_tokens=max_new_tokens,
-                    temperature=temperature if temperature > 0 else 1.0, top_p=top_p, greedy=temperature == 0,
-                    batch_size=batch_size, generator_seed=seed + ci)
-        if len(batch.responses) != len(chunk) * n:
-            raise RuntimeError(f"generate returned {len(batch.responses)} responses for {len(chunk)} x {n}")
+        batch, graded = generate_and_score(engine, chunk, grade, num_samples=n, max_new_tokens=max_new_tokens,
+                                           temperature=temperature if temperature > 0 else 1.0, top_p=top_p,
+                                           greedy=temperature == 0, seed=seed + ci)
         rows = [(e, j) for e in chunk for j in range(n)]  # prompt-major, as generate returns them
-        graded = grade_many(batch.responses, [e.answer for e, _ in rows], kind=task.kind,
-                            units=[e.meta.get("unit") for e, _ in rows], timeout=timeout)
         lengths, finished = batch.response_lengths.tolist(), batch.finished.tolist()
         for r, ((e, j), g) in enumerate(zip(rows, graded)):
             samples.append({"benchmark": name, "problem": len(samples) // n, "sample": j,
@@ -179,13 +182,14 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
 def evaluate(model, tokenizer, benchmarks: str | Sequence[str], *, n: int = 1, temperature: float = 0.0,
              top_p: float = 1.0, max_new_tokens: int = 1024, limit: int | None = None, batch_size: int = 32,
              output_dir: str | os.PathLike | None = None, template: str = "auto", seed: int = 0,
-             timeout: float = DEFAULT_TIMEOUT, generate_fn: Callable | None = None, show_progress: bool = True,
+             timeout: float = DEFAULT_TIMEOUT, engine=None, show_progress: bool = True,
              stream: TextIO | None = None) -> dict[str, dict[str, Any]]:
     """Evaluate on ``benchmarks`` (names or "gsm8k,math500"); returns ``{benchmark: metrics}``.
 
     ``n`` samples per problem at ``temperature`` (0 = greedy, needs n == 1), ``limit``: first problems of
     each set; ``batch_size``: sequences per generate call; ``template``: see :mod:`oblr.tasks.templates`;
-    ``generate_fn``: replaces :func:`oblr.rollout.hf.generate` (same signature). Writes samples and
+    ``engine``: the :class:`oblr.rollout.RolloutEngine` to sample with (default: ``hf`` over ``model``,
+    ``batch_size`` rows at a time). Writes samples and
     ``results.json`` under ``output_dir`` when given, and prints the table to ``stream`` (stdout).
     """
     _check(n, temperature, top_p, max_new_tokens, limit, batch_size, template)
@@ -199,7 +203,7 @@ def evaluate(model, tokenizer, benchmarks: str | Sequence[str], *, n: int = 1, t
         metrics, samples = evaluate_benchmark(
             model, tokenizer, name, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
             limit=limit, batch_size=batch_size, template=template, seed=seed, timeout=timeout,
-            generate_fn=generate_fn, show_progress=show_progress, stream=sys.stderr)
+            engine=engine, show_progress=show_progress, stream=sys.stderr)
         results[name] = metrics
         if out_dir is not None:
             _write_jsonl(out_dir / f"{name}.jsonl", samples)
@@ -246,6 +250,7 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; auto: cuda when available")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per symbolic check")
+    p.add_argument("--engine", default="hf", help="rollout engine (see `oblr tasks`; default hf)")
     p.set_defaults(func=run_cli)
     return p
 
@@ -259,12 +264,19 @@ def run_cli(args: argparse.Namespace) -> int:
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     _check(args.n, args.temperature, args.top_p, args.max_new_tokens, args.limit, args.batch_size, args.template)
     names = _parse_benchmarks(args.benchmarks)  # before the model loads
+    from oblr.rollout import ENGINES, make_engine
+
+    ENGINES.get(args.engine)  # an unknown engine fails here, listing the registered ones
     out = args.output_dir
     if out is None:
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(args.model).rstrip("/").split("/")[-1]) or "model"
         out = Path("eval_out") / f"{tag}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype, device=device)
-    evaluate(model, tokenizer, names, n=args.n, temperature=args.temperature, top_p=args.top_p,
-             max_new_tokens=args.max_new_tokens, limit=args.limit, batch_size=args.batch_size, output_dir=out,
-             template=args.template, seed=args.seed, timeout=args.timeout)
+    engine = make_engine(args.engine, model, tokenizer, batch_size=args.batch_size)
+    try:
+        evaluate(model, tokenizer, names, n=args.n, temperature=args.temperature, top_p=args.top_p,
+                 max_new_tokens=args.max_new_tokens, limit=args.limit, batch_size=args.batch_size, output_dir=out,
+                 template=args.template, seed=args.seed, timeout=args.timeout, engine=engine)
+    finally:
+        engine.close()
     return 0

@@ -1,14 +1,16 @@
-"""Policy loss: token-level importance ratio, optional PPO clip, aggregation modes, optional k3 KL.
+"""Policy loss: token-level importance ratio, optional PPO clip, aggregation modes, the k3 KL penalty.
 
 Shapes: ``logprobs``, ``old_logprobs``, ``ref_logprobs``, ``response_mask`` [B, T]; ``advantages`` [B]
 (rows prompt-major: reshape [N, G] advantages with ``.reshape(-1)``).
 
 Every aggregation is "per-sequence factor c_i times the token sum of sequence i":
 
-    loss = - sum_i c_i sum_t m_it min(r_it A_i, clip(r_it) A_i)   (+ kl_coef * sum_i c_i sum_t m_it k3_it)
+    loss = - sum_i c_i sum_t m_it min(r_it A_i, clip(r_it) A_i)   (+ kl_coef * sum_i c_i KL_i)
 
-with ``r_it = exp(logp_it - old_it)``. On-policy (old = logp, r = 1) its gradient is
-``- sum_i A_i c_i s_i`` with ``s_i = grad sum_t m_it logp_it``. The factors (:func:`sequence_scale`):
+with ``r_it = exp(logp_it - old_it)`` and ``KL_i = sum_t m_it k3_it`` (:func:`sequence_kl`, the one KL
+implementation of oblr). On-policy (old = logp, r = 1) the gradient of the first term is
+``- sum_i A_i c_i s_i`` with ``s_i = grad sum_t m_it logp_it``. The factors (:func:`sequence_scale`,
+registry :data:`AGGREGATIONS`):
 
 - ``seq_sum_const`` (default, unbiased): c_i = 1 / (B * max_len), a constant;
 - ``token_mean``: c_i = 1 / sum_{j,t} m_jt (each token weighs 1/total tokens). The factor depends on the
@@ -20,32 +22,33 @@ The per-output weights w_i fed to the baseline must be ``c_i^2 ||s_i||^2`` for t
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
+from oblr.registry import Registry
 
+# name -> f(response_mask [B, T] float, max_len | None) -> c [B]
+AGGREGATIONS = Registry("loss aggregation")
+
+
+@AGGREGATIONS.register("seq_sum_const")
 def _seq_sum_const(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
     width = mask.shape[-1] if max_len is None else max_len
     return torch.full(mask.shape[:1], 1.0 / (mask.shape[0] * width), dtype=mask.dtype, device=mask.device)
 
 
+@AGGREGATIONS.register("token_mean")
 def _token_mean(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
     total = mask.sum().clamp(min=1.0)
     return (1.0 / total).expand(mask.shape[0]).clone()
 
 
+@AGGREGATIONS.register("seq_mean")
 def _seq_mean(mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
     lengths = mask.sum(-1)
     # an empty response has no tokens: its factor is irrelevant, 0 keeps it out of everything
     return torch.where(lengths > 0, 1.0 / (mask.shape[0] * lengths.clamp(min=1.0)), torch.zeros_like(lengths))
 
 
-AGGREGATIONS: dict[str, Callable[[torch.Tensor, int | None], torch.Tensor]] = {
-    "seq_sum_const": _seq_sum_const,
-    "token_mean": _token_mean,
-    "seq_mean": _seq_mean,
-}
 # aggregations whose on-policy gradient is an unbiased estimate of (a constant times) grad J
 UNBIASED_AGGREGATIONS = frozenset({"seq_sum_const"})
 
@@ -58,8 +61,7 @@ def sequence_scale(response_mask: torch.Tensor, aggregation: str, *, max_len: in
     generation limit (max new tokens); None uses the batch width T, which is constant within the batch
     but depends on the sampled lengths (a tiny bias) -- pass max_len for the exact unbiased form.
     """
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {aggregation!r}; known aggregations: {', '.join(AGGREGATIONS)}")
+    fn = AGGREGATIONS.get(aggregation)
     if response_mask.dim() != 2:
         raise ValueError(f"response_mask must be 2-D [B, T], got shape {tuple(response_mask.shape)}")
     if response_mask.shape[0] == 0:
@@ -68,7 +70,20 @@ def sequence_scale(response_mask: torch.Tensor, aggregation: str, *, max_len: in
         raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be floating point, got {dtype}")
-    return AGGREGATIONS[aggregation](response_mask.to(dtype), max_len)
+    return fn(response_mask.to(dtype), max_len)
+
+
+def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Per-sequence k3 KL to a reference, ``KL_i = sum_t m_it k3_it`` [B], differentiable in ``logprobs``.
+
+    ``k3_it = exp(d_it) - d_it - 1 >= 0`` with ``d_it = ref_it - logp_it`` (Schulman's unbiased, low-variance
+    estimator of KL(pi || ref) from samples of pi). Masked positions are set to 0 before ``exp`` so that
+    padding values cannot leak NaN. The penalty of the loss is ``kl_coef * sum_i c_i KL_i``; oblr logs the
+    token mean ``sum_i KL_i / sum_{i,t} m_it`` as ``actor/kl``.
+    """
+    on = response_mask > 0
+    d = torch.where(on, ref_logprobs.detach() - logprobs, torch.zeros_like(logprobs))
+    return ((d.exp() - d - 1.0) * response_mask.to(logprobs.dtype)).sum(-1)
 
 
 def _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs):
@@ -93,7 +108,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     ratio r = exp(logp - old); with ``clip_eps`` the per-token objective is
     ``min(r A, clip(r, 1 - clip_eps, 1 + clip_eps_high) A)`` (``clip_eps_high`` defaults to ``clip_eps``),
     so tokens on the clipped branch get zero gradient. KL (when ``ref_logprobs`` is given and
-    ``kl_coef`` != 0): k3 = exp(ref - logp) - (ref - logp) - 1 >= 0, aggregated with the same c_i.
+    ``kl_coef`` != 0): ``kl_coef * sum_i c_i KL_i`` with KL_i from :func:`sequence_kl`.
     Metrics (detached 0-d tensors; token means over response tokens): ``actor/clip_frac`` (share of
     tokens on the clipped branch), ``actor/ratio_mean``, ``actor/kl`` (token mean of k3; 0 without a
     reference), ``actor/pg_loss`` (the loss without the KL term).
@@ -115,8 +130,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     if seq_scale is None:
         c = sequence_scale(response_mask, aggregation, max_len=max_len, dtype=logprobs.dtype)
     else:
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"unknown aggregation {aggregation!r}; known aggregations: {', '.join(AGGREGATIONS)}")
+        AGGREGATIONS.get(aggregation)  # an unknown name raises, listing the registered ones
         if seq_scale.shape != logprobs.shape[:1]:
             raise ValueError(f"seq_scale must be [B] = [{logprobs.shape[0]}], got shape {tuple(seq_scale.shape)}")
         c = seq_scale.detach().to(logprobs.dtype)
@@ -138,11 +152,10 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     kl_tok = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     loss = pg_loss
     if ref_logprobs is not None:
-        d = torch.where(on, ref_logprobs.detach() - logprobs, torch.zeros_like(logprobs))
-        k3 = d.exp() - d - 1.0
+        kl = sequence_kl(logprobs, ref_logprobs, response_mask)
         if kl_coef != 0.0:
-            loss = pg_loss + kl_coef * (c * (k3 * mask).sum(-1)).sum()
-        kl_tok = (k3 * mask).sum().detach() / n_tok
+            loss = pg_loss + kl_coef * (c * kl).sum()
+        kl_tok = kl.detach().sum() / n_tok
 
     metrics = {
         "actor/clip_frac": clipped.to(logprobs.dtype).sum() / n_tok,

@@ -1,38 +1,36 @@
 """Learning-rate schedules behind one interface, chosen by name (``algorithm.lr_schedule``).
 
-Every controller is built by ``make_lr_controller(name, optimizer, cfg, total_steps)`` and has
-``step(S, V, n)`` (called once per optimizer step, before it; constant/cosine ignore the statistics),
-``needs_snr`` (the trainer computes S and V only when asked), ``get_last_lr()``, ``metrics()``,
-``state_dict()`` and ``load_state_dict()``. The trainer never branches on the schedule's name.
+Every controller is built by ``make_lr_controller(name, optimizer, lr=..., ...)`` from the registry
+:data:`SCHEDULES` and has ``step(stats)`` (called once per optimizer step, before it, with the step's
+:class:`oblr.snr.SNRStats` or None; constant/cosine ignore it), ``needs_snr`` (whether the update must
+compute the statistics), ``get_last_lr()``, ``metrics()``, ``state_dict()`` and ``load_state_dict()``.
+The trainer never branches on the schedule's name. Registered: ``snr`` (OBLR-PO, :class:`SNRSchedule`
+over :class:`oblr.snr.SNRLearningRate`), ``constant``, ``cosine`` (with linear warm-up).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
-_SCHEDULES: dict[str, Callable] = {}
+from oblr.registry import Registry
+from oblr.snr import SNRLearningRate, SNRStats
+
+SCHEDULES = Registry("learning-rate schedule")
 
 
 def register_schedule(name: str):
-    def deco(factory):
-        if name in _SCHEDULES:
-            raise ValueError(f"learning-rate schedule {name!r} is already registered")
-        _SCHEDULES[name] = factory
-        return factory
-
-    return deco
+    """Decorator: register a controller class/factory ``f(optimizer, *, lr, eta_min, warmup_steps,
+    total_steps, ema)`` under ``name`` (duplicates rejected)."""
+    return SCHEDULES.register(name)
 
 
 def available_schedules() -> list[str]:
-    return sorted(_SCHEDULES)
+    return SCHEDULES.names()
 
 
 def make_lr_controller(name: str, optimizer, *, lr: float, eta_min: float = 0.0, warmup_steps: int = 0,
                        total_steps: int = 1, ema: float = 0.0):
-    if name not in _SCHEDULES:
-        raise ValueError(f"unknown learning-rate schedule {name!r}; known: {', '.join(available_schedules())}")
-    return _SCHEDULES[name](optimizer, lr=lr, eta_min=eta_min, warmup_steps=warmup_steps,
+    return SCHEDULES.get(name)(optimizer, lr=lr, eta_min=eta_min, warmup_steps=warmup_steps,
                             total_steps=total_steps, ema=ema)
 
 
@@ -59,7 +57,7 @@ class _StepSchedule:
             g["lr"] = lr
         self._last = [lr for _ in self.optimizer.param_groups]
 
-    def step(self, S=None, V=None, n=None) -> None:
+    def step(self, stats: SNRStats | None = None) -> None:
         self._set(self._lr_at(self.t))
         self.t += 1
 
@@ -105,12 +103,12 @@ class SNRSchedule:
     needs_snr = True
 
     def __init__(self, optimizer, *, lr, eta_min=0.0, warmup_steps=0, total_steps=1, ema=0.0):
-        from oblr.snr import SNRLearningRate
-
         self.inner = SNRLearningRate(optimizer, eta_max=lr, eta_min=eta_min, ema=ema, warmup_steps=warmup_steps)
 
-    def step(self, S=None, V=None, n=None) -> None:
-        self.inner.step(S, V, n)
+    def step(self, stats: SNRStats | None = None) -> None:
+        if stats is None:
+            raise ValueError("the snr schedule needs the step's SNR statistics (compute them: needs_snr is True)")
+        self.inner.step(stats.S, stats.V, stats.n)
 
     def get_last_lr(self) -> list[float]:
         return self.inner.get_last_lr()

@@ -1,11 +1,15 @@
 """Gradient signal/noise statistics and the SNR learning-rate controller (OBLR-PO, paper Theorem 4).
 
-With per-prompt gradient estimates g_k (k = 1..N) of one step and their mean gbar (the step's gradient):
+This module is the one home of S, V, the SNR and the learning-rate factor: the update
+(:func:`oblr.update.accumulate_policy_gradient`), the trainer and the schedules call
+:func:`snr_statistics`; nothing else computes them. With per-prompt gradient estimates g_k (k = 1..N)
+of one step and their mean gbar (the step's gradient):
 
-    V   = (sum_k ||g_k||^2 - N ||gbar||^2) / (N - 1)     unbiased for tr Cov(g_q)
-    S   = max(||gbar||^2 - V / N, 0)                      estimates ||grad J||^2
-    SNR = S / V
-    eta = eta_max * S / (S + V/N) = eta_max * N SNR / (1 + N SNR)
+    V      = (sum_k ||g_k||^2 - N ||gbar||^2) / (N - 1)   unbiased for tr Cov(g_q)
+    signal = ||gbar||^2 - V / N                            unbiased for ||grad J||^2 (can be < 0)
+    S      = max(signal, 0)
+    SNR    = S / V
+    eta    = eta_max * S / (S + V/N) = eta_max * N SNR / (1 + N SNR)
 
 Only the ratio matters for the step size, so the g_k may carry any common scale; what matters is that
 gbar = (1/N) sum_k g_k. If a backward pass yields per-prompt *contributions* h_k with g = sum_k h_k, then
@@ -17,6 +21,7 @@ V = 0 -> SNR = inf when S > 0, 0 when S = 0; S = V = 0 -> factor 0 (no signal: t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -28,12 +33,32 @@ def _snr(S: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     return torch.where(pos, S / safe, torch.where(S > 0, torch.full_like(S, math.inf), torch.zeros_like(S)))
 
 
-def signal_noise(per_prompt_sq_norms: torch.Tensor, mean_grad_sq_norm, n_prompts: int | None = None):
-    """(S, V, SNR) as 0-d tensors from per-prompt squared norms and the squared norm of their mean.
+@dataclass(frozen=True)
+class SNRStats:
+    """The gradient statistics of one step (0-d tensors; nothing is copied to the host until asked).
+
+    ``S`` = max(signal, 0), ``V`` (unclamped; >= 0 up to rounding when the g_k are the per-prompt terms of
+    the update), ``snr`` = S / V, ``signal`` = ||gbar||^2 - V/N unclamped (what an average over steps
+    should average), ``n`` = N prompts.
+    """
+
+    S: torch.Tensor
+    V: torch.Tensor
+    snr: torch.Tensor
+    signal: torch.Tensor
+    n: int
+
+    def metrics(self) -> dict[str, float]:
+        """``snr/{S,V,snr,n_snr,factor}`` of this step (floats; one host sync)."""
+        return snr_metrics(float(self.S), float(self.V), self.n)
+
+
+def snr_statistics(per_prompt_sq_norms: torch.Tensor, mean_grad_sq_norm, n_prompts: int | None = None) -> SNRStats:
+    """:class:`SNRStats` from per-prompt squared norms and the squared norm of their mean.
 
     per_prompt_sq_norms: [N] tensor of ||g_k||^2, or a 0-d tensor holding their sum (e.g. after an
     all-reduce over data-parallel ranks; then ``n_prompts`` is required). mean_grad_sq_norm: ||gbar||^2.
-    V is returned as computed (it is >= 0 up to rounding); S is clamped at 0. No host sync.
+    Computed in the dtype of ``per_prompt_sq_norms`` (float64 for integer input). No host sync.
     """
     sq = torch.as_tensor(per_prompt_sq_norms)
     if not sq.is_floating_point():
@@ -53,8 +78,21 @@ def signal_noise(per_prompt_sq_norms: torch.Tensor, mean_grad_sq_norm, n_prompts
         raise ValueError(f"signal_noise needs at least N = 2 prompts to estimate the noise, got N = {n_prompts}")
     mean_sq = torch.as_tensor(mean_grad_sq_norm, dtype=total.dtype, device=total.device)
     V = (total - n_prompts * mean_sq) / (n_prompts - 1)
-    S = (mean_sq - V / n_prompts).clamp(min=0.0)
-    return S, V, _snr(S, V)
+    return _stats(mean_sq - V / n_prompts, V, int(n_prompts))
+
+
+def _stats(signal: torch.Tensor, V: torch.Tensor, n: int) -> SNRStats:
+    S = signal.clamp(min=0.0)
+    return SNRStats(S=S, V=V, snr=_snr(S, V), signal=signal, n=n)
+
+
+def signal_noise(per_prompt_sq_norms: torch.Tensor, mean_grad_sq_norm, n_prompts: int | None = None):
+    """``(S, V, SNR)`` as 0-d tensors: the first three fields of :func:`snr_statistics` (same arguments).
+
+    V is returned as computed (it is >= 0 up to rounding); S is clamped at 0. No host sync.
+    """
+    st = snr_statistics(per_prompt_sq_norms, mean_grad_sq_norm, n_prompts)
+    return st.S, st.V, st.snr
 
 
 def signal_noise_from_microbatches(micro_sq_norms, micro_size: int, full_sq_norm, full_size: int):
@@ -79,14 +117,21 @@ def signal_noise_from_microbatches(micro_sq_norms, micro_size: int, full_sq_norm
     small = micro.mean()
     big = torch.as_tensor(full_sq_norm, dtype=small.dtype, device=small.device)
     V = (small - big) / (1.0 / micro_size - 1.0 / full_size)
-    S = (big - V / full_size).clamp(min=0.0)
-    return S, V, _snr(S, V)
+    st = _stats(big - V / full_size, V, int(full_size))
+    return st.S, st.V, st.snr
 
 
 def snr_factor(S: float, V: float, n: int) -> float:
     """S / (S + V/n) in [0, 1] for S >= 0, V >= 0; 1 when V = 0 < S, 0 when S = V = 0."""
     den = S + V / n
     return S / den if den > 0 else 0.0
+
+
+def snr_metrics(S: float, V: float, n: int) -> dict[str, float]:
+    """``snr/{S,V,snr,n_snr,factor}`` for logging (floats), with the module's conventions for V <= 0."""
+    snr = float(_snr(torch.tensor(S, dtype=torch.float64), torch.tensor(V, dtype=torch.float64)))
+    return {"snr/S": S, "snr/V": V, "snr/snr": snr, "snr/n_snr": n * snr if snr else 0.0,
+            "snr/factor": snr_factor(S, V, n)}
 
 
 class SNRLearningRate:
@@ -173,10 +218,7 @@ class SNRLearningRate:
         update only ``snr/lr`` and ``snr/skipped``)."""
         m = {"snr/lr": self._last_lr[0], "snr/skipped": float(self.n_skipped)}
         if self.last_factor is not None:
-            S, V = self.last_S, self.last_V
-            snr = S / V if V > 0 else (math.inf if S > 0 else 0.0)
-            m.update({"snr/S": S, "snr/V": V, "snr/snr": snr, "snr/n_snr": self.last_n * snr if snr else 0.0,
-                      "snr/factor": self.last_factor})
+            m.update(snr_metrics(self.last_S, self.last_V, self.last_n))
         return m
 
     _STATE = ("eta_max", "eta_min", "ema", "warmup_steps", "steps", "n_skipped", "_s_avg", "_v_avg",

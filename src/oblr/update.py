@@ -1,43 +1,75 @@
 """One policy-gradient accumulation: rollouts and rewards in, ``.grad`` filled, statistics out.
 
-This is the piece the trainer, the cost benchmark and the framework adapters share. Two paths, chosen by
-what the estimator and the schedule need, never by a method name:
+This is the piece the trainer, the cost benchmark and the framework adapters share. Per micro-batch of
+whole prompt groups (all of them at once by default) it runs one forward pass, computes the per-output
+weights w_i the estimator declares (:data:`WEIGHT_SOURCES`), the advantages, and adds to ``.grad`` the
+gradient of the per-row objective
 
-- book-keeping path (exact weights or SNR statistics needed): per micro-batch of whole prompt groups, ONE
-  forward and ONE backward of ``sum_i l_i`` with :class:`oblr.gradnorm.BookKeeper` recording each layer's
-  inputs and output gradients; then ``w_i`` (exact), advantages, and from the same records the weighted
-  gradient ``sum_i c_i s_i`` into ``.grad`` and the per-prompt squared norms ``||g_k||^2`` for the SNR;
-- plain path (proxy or no weights, no SNR): forward, advantages, the policy loss, one ordinary backward,
-  exactly a GRPO step.
+    obj_i = coeff_i l_i + kl_coef c_i KL_i,     coeff_i = -A_i c_i
 
-On the first (on-policy) update the importance ratio is 1 and clipping is inactive, so both paths give
-the gradient of :func:`oblr.losses.policy_loss`; later epochs (``epochs > 1``) go through
-:func:`accumulate_clipped_gradient` with the stored old log-probs.
+(``l_i`` the sequence log-likelihood, ``c_i`` the aggregation factor of :func:`oblr.losses.sequence_scale`,
+``KL_i`` the k3 KL to the frozen reference of :func:`oblr.losses.sequence_kl`, present when
+``kl_coef > 0``). ``optim/loss`` is ``sum_i obj_i`` on every path. Two paths, chosen by what the estimator
+and the schedule need, never by a method name:
+
+- book-keeping path (exact weights or SNR statistics needed): the forward runs inside
+  :meth:`oblr.gradnorm.BookKeeper.record`; ONE backward of ``sum_i l_i`` gives ``w_i = c_i^2 ||s_i||^2``;
+  from the same records the gradient ``sum_i coeff_i s_i`` goes into ``.grad`` and the per-prompt squared
+  norms ``||g_k||^2`` (``g_k = N sum_{i in k} grad obj_i``) come out. With KL on, the KL gradient must be
+  inside each g_k, so the rows' objective ``obj_i`` gets a second recorded backward on the retained graph
+  (the first one only when exact weights are needed) and g_k and ``.grad`` come from that record;
+- plain path (proxy or no weights, no SNR): forward, advantages, one ordinary backward of
+  ``sum_i obj_i``, exactly a GRPO step.
+
+On-policy (the first update on a batch) the importance ratio is 1 and clipping is inactive, so both paths
+give the gradient of :func:`oblr.losses.policy_loss`; later epochs (``epochs > 1``) go through
+:func:`accumulate_clipped_gradient` with the stored old and reference log-probs. The SNR statistics
+S, V come from :func:`oblr.snr.snr_statistics` on the per-prompt norms and ``||.grad||^2``.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
-from oblr.estimators import compute_advantages, get_estimator
+from oblr.estimators import Estimate, estimate, get_estimator
 from oblr.gradnorm import BookKeeper, length_weights, logit_energy_weights
 from oblr.logprobs import forward_logits, gather_logprobs, sequence_logprobs, token_entropy
-from oblr.losses import policy_loss, sequence_scale
+from oblr.losses import policy_loss, sequence_kl, sequence_scale
+from oblr.snr import SNRStats, snr_statistics
 
 
 @dataclass
 class UpdateSettings:
+    """What one update needs. :meth:`from_config` derives it from a :class:`oblr.config.Config`: every
+    field named like a key of ``algorithm`` is taken from there; the others are in :data:`DERIVED`."""
+
     baseline: str = "oblr"
     baseline_options: dict = field(default_factory=dict)
     aggregation: str = "seq_sum_const"
-    max_len: int | None = None
-    need_snr: bool = True
+    max_len: int | None = None   # the constant of seq_sum_const (None: the batch width)
+    need_snr: bool = True        # compute per-prompt norms and S, V (book-keeping path)
     norms_method: str = "auto"
     micro_batch_groups: int = 0  # 0 = the whole batch at once
     clip_eps: float = 0.2
     kl_coef: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg, *, schedule_needs_snr: bool) -> UpdateSettings:
+        """The settings of ``cfg``: ``algorithm.*`` keys by name; ``max_len`` 0 means
+        ``rollout.max_new_tokens``; ``need_snr`` when the schedule needs S, V or ``algorithm.track_snr``."""
+        a = cfg.algorithm
+        kw = {f.name: copy.deepcopy(getattr(a, f.name)) for f in dataclasses.fields(cls) if f.name not in DERIVED}
+        kw["max_len"] = a.max_len or cfg.rollout.max_new_tokens
+        return cls(**kw, need_snr=schedule_needs_snr or a.track_snr)
+
+
+# fields of UpdateSettings that are not keys of the config's ``algorithm`` section
+DERIVED = frozenset({"need_snr"})
 
 
 @dataclass
@@ -46,11 +78,14 @@ class UpdateResult:
     old_logprobs: torch.Tensor              # [B, T] token log-probs of the rollout policy (detached)
     per_prompt_sq_norms: torch.Tensor | None  # [N] ||g_k||^2, g_k scaled so that mean_k g_k = .grad
     metrics: dict
+    grad_sq_norm: torch.Tensor | None = None  # ||.grad||^2 after the call (the step's ||gbar||^2), float32
+    snr: SNRStats | None = None               # S, V, SNR of the step (when settings.need_snr)
+    ref_logprobs: torch.Tensor | None = None  # [B, T] token log-probs of the reference (when kl_coef > 0)
 
 
 # per-output weights w_i by the source an estimator declares (``get_estimator(name).weights``):
 # f(book, logits, input_ids, response_mask, seq_scale) -> [b]
-_WEIGHT_SOURCES = {
+WEIGHT_SOURCES = {
     # squared norm of the per-sequence gradient the chosen aggregation produces: c_i^2 ||s_i||^2
     "exact": lambda book, logits, ids, rm, c: book.sq_norms() * c.pow(2),
     "logit_energy": lambda book, logits, ids, rm, c: logit_energy_weights(logits.detach(), ids, rm),
@@ -58,7 +93,8 @@ _WEIGHT_SOURCES = {
 }
 
 
-def _micro_batches(n_prompts: int, group_size: int, groups_per_mb: int):
+def micro_batches(n_prompts: int, group_size: int, groups_per_mb: int):
+    """``(k0, k1, rows)``: prompts k0..k1-1 and their rows, ``groups_per_mb`` prompts at a time (0 = all)."""
     step = groups_per_mb if groups_per_mb > 0 else n_prompts
     for k0 in range(0, n_prompts, step):
         k1 = min(n_prompts, k0 + step)
@@ -70,14 +106,30 @@ def _entropy_sum(logits: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
         return (token_entropy(logits.detach()) * response_mask).sum()
 
 
+def _reference_logprobs(ref_model, input_ids, attention_mask) -> torch.Tensor:
+    with torch.no_grad():
+        return gather_logprobs(forward_logits(ref_model, input_ids, attention_mask), input_ids)
+
+
+def grad_sq_norm(model) -> torch.Tensor:
+    """``sum_p ||p.grad||^2`` over the trainable parameters (float32, 0-d; no host sync)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device if params else None
+    return sum((p.grad.float().pow(2).sum() for p in params if p.grad is not None),
+               torch.zeros((), device=device))
+
+
 def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: UpdateSettings,
                                *, ref_model=None) -> UpdateResult:
     """Add the policy-gradient of the loss to ``.grad`` of the trainable parameters.
 
     ``batch`` has ``input_ids``, ``attention_mask``, ``response_mask`` [B, T] (rows prompt-major,
-    B = N*G) and ``response_lengths`` [B]; ``rewards`` is [N, G]. The loss is
-    ``sum_i -A_i c_i l_i`` with c_i from :func:`oblr.losses.sequence_scale`; exact weights are
+    B = N*G) and ``response_lengths`` [B]; ``rewards`` is [N, G]; ``ref_model`` (frozen) is required when
+    ``settings.kl_coef > 0``. The loss is ``sum_i obj_i`` (module docstring); exact weights are
     ``w_i = c_i^2 ||s_i||^2``, the squared norm of the per-sequence gradient that aggregation produces.
+    Metrics (0-d tensors): the estimator's (over the whole batch), ``optim/loss``, ``train/entropy``
+    (token mean) and with KL ``actor/kl`` (token mean of k3). ``grad_sq_norm`` and ``snr`` describe
+    ``.grad`` after the call, i.e. the step's gradient when ``.grad`` was zero before.
     """
     N, G = rewards.shape
     ids, am, rm = batch.input_ids, batch.attention_mask, batch.response_mask
@@ -85,102 +137,100 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len)  # [B]
     lengths = batch.response_lengths.to(torch.float32).view(N, G)
     source = get_estimator(settings.baseline).weights
-    use_book = source == "exact" or settings.need_snr
-    book = BookKeeper(model, method=settings.norms_method) if use_book else None
+    kl_on = settings.kl_coef > 0
+    if kl_on and ref_model is None:
+        raise ValueError(f"kl_coef = {settings.kl_coef} needs ref_model (the frozen reference policy)")
+    book = BookKeeper(model, method=settings.norms_method) if source == "exact" or settings.need_snr else None
 
-    advs, old_lps, gks, est_metrics = [], [], [], []
-    loss_sum = rmf.new_zeros(())
-    ent_sum = rmf.new_zeros(())
-    for k0, k1, rows in _micro_batches(N, G, settings.micro_batch_groups):
+    parts: list[Estimate] = []
+    old_lps, ref_lps, gks = [], [], []
+    loss_sum, ent_sum, kl_sum = rmf.new_zeros(()), rmf.new_zeros(()), rmf.new_zeros(())
+    for k0, k1, rows in micro_batches(N, G, settings.micro_batch_groups):
         r_mb, rm_mb, c_mb = rewards[k0:k1], rmf[rows], scale[rows]
-        if book is not None:
-            with book.record():
-                logits = forward_logits(model, ids[rows], am[rows])
-                tok_lp = gather_logprobs(logits, ids[rows])
-                seq_lp = sequence_logprobs(tok_lp, rm_mb)
-                book.backward(seq_lp)
-        else:
+        ref_lp = _reference_logprobs(ref_model, ids[rows], am[rows]) if kl_on else None
+        with book.record() if book is not None else nullcontext():
             logits = forward_logits(model, ids[rows], am[rows])
             tok_lp = gather_logprobs(logits, ids[rows])
+            seq_lp = sequence_logprobs(tok_lp, rm_mb)
+            if book is not None and (source == "exact" or not kl_on):
+                book.backward(seq_lp, retain_graph=kl_on)  # records s_i; with KL, kept for obj_i below
         ent_sum = ent_sum + _entropy_sum(logits, rm_mb)
 
         weights = None
         if source is not None:
-            weights = _WEIGHT_SOURCES[source](book, logits, ids[rows], rm_mb, c_mb).view(k1 - k0, G)
-        adv, m = compute_advantages(settings.baseline, r_mb, weights=weights, lengths=lengths[k0:k1],
-                                    return_metrics=True, **settings.baseline_options)
-        est_metrics.append((k1 - k0, m))
-        coeffs = -adv.reshape(-1).to(torch.float32) * c_mb  # d loss / d l_i
+            weights = WEIGHT_SOURCES[source](book, logits, ids[rows], rm_mb, c_mb).view(k1 - k0, G)
+        est = estimate(settings.baseline, r_mb, weights=weights, lengths=lengths[k0:k1],
+                       **settings.baseline_options)
+        parts.append(est)
+        coeffs = -est.advantages.reshape(-1).to(torch.float32) * c_mb  # d loss / d l_i
+        obj = coeffs * seq_lp
+        if kl_on:
+            kl = sequence_kl(tok_lp, ref_lp, rm_mb)
+            obj = obj + settings.kl_coef * c_mb * kl
+            kl_sum = kl_sum + kl.detach().sum()
+            ref_lps.append(ref_lp)
 
-        if book is not None:
-            if settings.need_snr:  # .grad and ||g_k||^2 (g_k = N sum_{i in k} coeffs_i s_i) from one pass
-                local_groups = torch.arange(k1 - k0, device=coeffs.device).repeat_interleave(G)
-                gks.append(book.accumulate_grad_with_group_norms(coeffs, local_groups) * (N * N))
-            else:
-                book.accumulate_grad(coeffs)
-            loss_sum = loss_sum + (coeffs * seq_lp.detach()).sum()
-            book.clear()
+        if book is None:
+            obj.sum().backward()
         else:
-            loss, _ = policy_loss(tok_lp, tok_lp.detach(), adv.reshape(-1).detach(), rm_mb,
-                                  aggregation=settings.aggregation, max_len=settings.max_len,
-                                  seq_scale=c_mb)
-            loss.backward()
-            loss_sum = loss_sum + loss.detach()
-        advs.append(adv.detach())
+            row_coeffs = coeffs
+            if kl_on:  # the records of obj_i itself: each row's gradient includes its KL term
+                book.backward(obj)
+                row_coeffs = torch.ones_like(coeffs)
+            if settings.need_snr:  # .grad and ||g_k||^2 (g_k = N sum_{i in k} grad obj_i) from one pass
+                local_groups = torch.arange(k1 - k0, device=coeffs.device).repeat_interleave(G)
+                gks.append(book.accumulate_grad_with_group_norms(row_coeffs, local_groups) * (N * N))
+            else:
+                book.accumulate_grad(row_coeffs)
+            book.clear()
+        loss_sum = loss_sum + obj.detach().sum()
         old_lps.append(tok_lp.detach())
-        del logits, tok_lp
+        del logits, tok_lp, seq_lp, obj
 
-    metrics = _merge_metrics(est_metrics, N)
+    est = Estimate.cat(parts)
+    metrics = est.metrics()
+    n_tok = rmf.sum().clamp(min=1)
     metrics["optim/loss"] = loss_sum
-    metrics["train/entropy"] = ent_sum / rmf.sum().clamp(min=1)
-    result = UpdateResult(torch.cat(advs), torch.cat(old_lps), torch.cat(gks) if gks else None, metrics)
-    if settings.kl_coef > 0 and ref_model is not None:
-        metrics.update(_accumulate_kl(model, ref_model, batch, settings))
-    return result
+    metrics["train/entropy"] = ent_sum / n_tok
+    if kl_on:
+        metrics["actor/kl"] = kl_sum / n_tok
+    gsq = grad_sq_norm(model)
+    per_prompt = torch.cat(gks) if gks else None
+    stats = snr_statistics(per_prompt, gsq, N) if per_prompt is not None else None
+    return UpdateResult(est.advantages.detach(), torch.cat(old_lps), per_prompt, metrics, grad_sq_norm=gsq,
+                        snr=stats, ref_logprobs=torch.cat(ref_lps) if ref_lps else None)
 
 
-def accumulate_clipped_gradient(model, batch, advantages: torch.Tensor, old_logprobs: torch.Tensor,
-                                settings: UpdateSettings, *, ref_model=None) -> dict:
-    """Later epochs: clipped importance-weighted policy loss with the rollout log-probs, plain backward."""
-    N, G = advantages.shape
+# policy_loss metrics that are token means (merged over micro-batches weighted by their token counts)
+_TOKEN_MEANS = ("actor/clip_frac", "actor/ratio_mean", "actor/kl")
+
+
+def accumulate_clipped_gradient(model, batch, first: UpdateResult, settings: UpdateSettings) -> dict:
+    """A later epoch on the same rollouts: the clipped importance-weighted policy loss
+    (:func:`oblr.losses.policy_loss`) with the rollout log-probs, advantages and reference log-probs of
+    ``first`` (the result of :func:`accumulate_policy_gradient` on this batch); one ordinary backward per
+    micro-batch. Returns ``actor/{clip_frac,ratio_mean,kl}`` (token means over the whole batch) and
+    ``actor/pg_loss``."""
+    N, G = first.advantages.shape
     rmf = batch.response_mask.to(torch.float32)
     scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len)
-    metrics: dict = {}
-    for k0, k1, rows in _micro_batches(N, G, settings.micro_batch_groups):
+    ref = first.ref_logprobs
+    if settings.kl_coef > 0 and ref is None:
+        raise ValueError(f"kl_coef = {settings.kl_coef}: the first update of this batch kept no reference log-probs")
+    sums: dict = {}
+    for k0, k1, rows in micro_batches(N, G, settings.micro_batch_groups):
         tok_lp = gather_logprobs(forward_logits(model, batch.input_ids[rows], batch.attention_mask[rows]),
                                  batch.input_ids[rows])
-        loss, m = policy_loss(tok_lp, old_logprobs[rows], advantages[k0:k1].reshape(-1), rmf[rows],
+        loss, m = policy_loss(tok_lp, first.old_logprobs[rows], first.advantages[k0:k1].reshape(-1), rmf[rows],
                               aggregation=settings.aggregation, max_len=settings.max_len,
-                              clip_eps=settings.clip_eps, seq_scale=scale[rows])
+                              clip_eps=settings.clip_eps, seq_scale=scale[rows],
+                              ref_logprobs=None if ref is None else ref[rows], kl_coef=settings.kl_coef)
         loss.backward()
-        metrics = m
-    if settings.kl_coef > 0 and ref_model is not None:
-        metrics.update(_accumulate_kl(model, ref_model, batch, settings))
-    return metrics
-
-
-def _accumulate_kl(model, ref_model, batch, settings: UpdateSettings) -> dict:
-    """k3 KL to the frozen reference, aggregated like the policy loss; its gradient is added to .grad.
-
-    It costs one more forward/backward; S and V describe the policy-gradient estimator only.
-    """
-    rmf = batch.response_mask.to(torch.float32)
-    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len)
-    with torch.no_grad():
-        ref_lp = gather_logprobs(forward_logits(ref_model, batch.input_ids, batch.attention_mask), batch.input_ids)
-    tok_lp = gather_logprobs(forward_logits(model, batch.input_ids, batch.attention_mask), batch.input_ids)
-    d = ref_lp - tok_lp
-    k3 = (d.exp() - d - 1) * rmf
-    kl = (k3.sum(-1) * scale).sum()
-    (settings.kl_coef * kl).backward()
-    return {"actor/kl": k3.detach().sum() / rmf.sum().clamp(min=1)}  # token-mean k3, as policy_loss logs it
-
-
-def _merge_metrics(parts: list[tuple[int, dict]], n_total: int) -> dict:
-    """Average per-micro-batch estimator metrics weighted by their number of prompts (counts are summed)."""
-    out: dict = {}
-    for n, m in parts:
+        n_mb = rmf[rows].sum()
         for k, v in m.items():
-            w = 1.0 if k.endswith("count") else n / n_total
-            out[k] = out.get(k, 0.0) + v * w
+            sums[k] = sums.get(k, 0.0) + (v * n_mb if k in _TOKEN_MEANS else v)
+    n_tok = rmf.sum().clamp(min=1)
+    out = {k: (v / n_tok if k in _TOKEN_MEANS else v) for k, v in sums.items()}
+    if ref is None:
+        out.pop("actor/kl", None)
     return out

@@ -2,14 +2,15 @@
 
 - :func:`sequence_grad_sq_norms` -- w_i = ||s_i||^2 for a batch (method "auto" | "ghost" | "materialize" | "loop").
 - :class:`BookKeeper` -- one forward + one backward per micro-batch, then ``sq_norms``, ``group_sq_norms``,
-  ``accumulate_grad`` from the stored activations and output gradients.
+  ``accumulate_grad`` from the stored activations and output gradients; ``method="loop"`` gives the same
+  interface with one backward per sequence (the slow exact reference, registry :data:`NORMS_METHODS`).
 - :func:`register_rule` -- add a rule for another module type.
 - :mod:`oblr.gradnorm.reference` -- the slow exact loop; :mod:`oblr.gradnorm.proxies` -- forward-only proxies.
 See docs/gradnorm.md.
 """
 
 from .contrib import Dense, Grouping, Outer
-from .engine import METHODS, BookKeeper, UnsupportedModuleError, sequence_grad_sq_norms
+from .engine import METHODS, NORMS_METHODS, BookKeeper, UnsupportedModuleError, sequence_grad_sq_norms
 from .layers import register_rule, register_structural_rule, registered_types
 from .proxies import length_weights, logit_energy_weights
 from .reference import (
@@ -21,6 +22,7 @@ from .reference import (
 
 __all__ = [
     "METHODS",
+    "NORMS_METHODS",
     "BookKeeper",
     "Dense",
     "Grouping",

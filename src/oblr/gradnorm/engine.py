@@ -14,6 +14,15 @@ How it works (see docs/gradnorm.md):
 3. ``sq_norms``, ``group_sq_norms`` and ``accumulate_grad`` assemble from the stored contributions:
    parameters are deduplicated by identity, so tied embeddings sum both owners' contributions and the
    cross term ``2 <G_emb, G_head>`` is included. Ghost norm or materialisation is chosen per parameter.
+
+``backward(obj, retain_graph=True)`` keeps the records so that a second per-row objective of the same
+forward pass can be recorded afterwards (its contributions replace the first ones): the update uses it
+when the KL penalty is on, whose per-row coefficients are known before the advantages are.
+
+Methods (registry :data:`NORMS_METHODS`, ``algorithm.norms_method``): ``auto``, ``ghost``,
+``materialize`` (one batched backward; how each parameter's norm is assembled) and ``loop``, the slow
+exact reference behind the same interface: every trainable parameter gets its per-row gradients from one
+backward pass per row (``autograd.grad`` with ``retain_graph``), stored dense.
 """
 
 from __future__ import annotations
@@ -26,10 +35,17 @@ import torch
 from torch import nn
 
 from ..logprobs import sequence_logprobs, token_logprobs
+from ..registry import Registry
 from .contrib import Dense, GramCache, Grouping, grouped_sums, keep_dense, materialized_sum, sq_norm
 from .layers import Rule, rule_for
 
-METHODS = ("auto", "ghost", "materialize")
+# name -> what it does (the BookKeeper implements each)
+NORMS_METHODS = Registry("gradient-norm method")
+NORMS_METHODS.register("auto", "one backward; ghost norm or materialisation per parameter, whichever is cheaper")
+NORMS_METHODS.register("ghost", "one backward; ghost norms wherever the rule allows")
+NORMS_METHODS.register("materialize", "one backward; per-row gradients materialised")
+NORMS_METHODS.register("loop", "slow exact reference: one backward per sequence")
+METHODS = tuple(NORMS_METHODS.names())
 
 
 class UnsupportedModuleError(ValueError):
@@ -71,7 +87,8 @@ class BookKeeper:
         model: any ``nn.Module``; its parameters with ``requires_grad=True`` (at ``record()`` time) are the
             trainable ones, deduplicated by identity.
         method: ``"auto"`` (ghost norm or materialisation per parameter, whichever is cheaper),
-            ``"ghost"`` or ``"materialize"`` (forced where the rule allows a choice).
+            ``"ghost"`` or ``"materialize"`` (forced where the rule allows a choice), or ``"loop"`` (one
+            backward pass per row for every parameter: the slow exact reference).
         allow_loop_fallback: for a trainable parameter with no rule, warn and compute its per-row
             gradients with one extra backward per row (``retain_graph``) instead of raising.
 
@@ -88,9 +105,7 @@ class BookKeeper:
     """
 
     def __init__(self, model: nn.Module, method: str = "auto", allow_loop_fallback: bool = False):
-        if method not in METHODS:
-            hint = " (use sequence_grad_sq_norms(..., method='loop') for the loop)" if method == "loop" else ""
-            raise ValueError(f"BookKeeper method must be one of {METHODS}, got {method!r}{hint}")
+        NORMS_METHODS.get(method)  # an unknown name raises, listing the registered ones
         self.model = model
         self.method = method
         self.allow_loop_fallback = allow_loop_fallback
@@ -100,6 +115,7 @@ class BookKeeper:
         self._batch: int | None = None
         self._warned: set[str] = set()
         self._in_backward = False
+        self._kept: list[_Record] | None = None  # records kept by backward(retain_graph=True)
         self._plan()  # fail early on unsupported modules
 
     # ------------------------------------------------------------------ planning
@@ -115,6 +131,11 @@ class BookKeeper:
                     continue
                 qual = f"{path}.{lname}" if path else lname
                 entries.setdefault(id(p), _Entry(qual, p)).owners.append((path, mod, lname))
+        if self.method == "loop":  # every parameter through one backward per row; no hooks
+            for e in entries.values():
+                e.fallback = True
+            self._entries = list(entries.values())
+            return []
         rules: dict[int, tuple[Rule | None, str | None]] = {}
         bad = []
         for e in entries.values():
@@ -192,39 +213,53 @@ class BookKeeper:
 
         return hook
 
-    def backward(self, seq_obj: torch.Tensor) -> None:
+    def backward(self, seq_obj: torch.Tensor, *, retain_graph: bool = False) -> None:
         """One backward pass of ``seq_obj.sum()`` ([B] per-row objectives, e.g. ``l_i``); stores contributions.
 
         Parameter ``.grad`` fields are not touched. Row i of every activation gradient is the gradient of
         ``seq_obj[i]`` alone, provided rows do not interact in the forward pass (true for causal LMs).
+        With ``retain_graph`` the graph and the records are kept, and ``backward`` may be called again
+        (inside or after ``record()``) with another per-row objective of the same forward pass; the
+        new contributions replace the previous ones.
         """
         if seq_obj.dim() != 1:
             raise ValueError(f"seq_obj must be [B] (one objective per row), got shape {tuple(seq_obj.shape)}")
-        if self._batch is not None:
-            raise RuntimeError("backward() was already called for this record(); call clear() and record again")
         fb = [e for e in self._entries if e.fallback]
-        if not self._records and not fb:
-            raise RuntimeError("nothing recorded: run the forward pass inside `with book.record():`")
+        if self._batch is not None:
+            if self._kept is None:
+                raise RuntimeError("backward() was already called for this record(); call clear() and record "
+                                   "again, or pass retain_graph=True to the first call")
+            records, self._kept = self._kept, None
+            for e in self._entries:
+                e.contribs = []
+        else:
+            records, self._records = self._records, []
+            if not records and not fb:
+                raise RuntimeError("nothing recorded: run the forward pass inside `with book.record():`")
         if not seq_obj.requires_grad:
             raise ValueError("seq_obj does not depend on any trainable parameter (was the forward run inside "
                              "record() and outside torch.no_grad()?)")
         B = seq_obj.shape[0]
-        for r in self._records:
+        for r in records:
             if r.x.shape[0] != B or r.y.shape[0] != B:
                 raise ValueError(f"module '{r.hooked.path}': batch dim {r.x.shape[0]}/{r.y.shape[0]} != B={B}; "
                                  "the engine needs batch-first activations with independent rows")
             if (r.x._version, r.y._version) != r.versions:
                 raise RuntimeError(f"module '{r.hooked.path}': its input or output was modified in place after "
                                    "the forward hook; exact per-row gradients cannot be recovered")
-        for e in fb:  # loop fallback: one backward per row for these parameters only
-            rows = [torch.autograd.grad(seq_obj[i], e.param, retain_graph=True, allow_unused=True)[0]
+        if fb:  # loop: one backward per row for these parameters
+            params = [e.param for e in fb]
+            rows = [torch.autograd.grad(seq_obj[i], params, retain_graph=True, allow_unused=True)
                     for i in range(B)]
-            z = torch.stack([torch.zeros_like(e.param) if g is None else g for g in rows])
-            e.contribs.append(Dense(z.float()))
-        records, self._records = self._records, []
+            for j, e in enumerate(fb):
+                z = torch.stack([torch.zeros_like(e.param) if g[j] is None else g[j] for g in rows])
+                e.contribs.append(Dense(z.float(), owned=True))
+            del rows
+        self._kept = list(records) if retain_graph else None
         self._in_backward = True
         try:
-            grads = torch.autograd.grad(seq_obj.sum(), [r.y for r in records], allow_unused=True) if records else []
+            grads = (torch.autograd.grad(seq_obj.sum(), [r.y for r in records], allow_unused=True,
+                                         retain_graph=retain_graph) if records else [])
         finally:
             self._in_backward = False
         grads = list(grads)
@@ -339,6 +374,7 @@ class BookKeeper:
     def clear(self) -> None:
         """Free every stored activation, gradient and contribution."""
         self._records = []
+        self._kept = None
         for e in self._entries:
             e.contribs = []
         self._batch = None
@@ -368,10 +404,6 @@ def sequence_grad_sq_norms(
 
     ``method``: "auto" | "ghost" | "materialize" (one batched backward) or "loop" (one backward per row).
     """
-    if method == "loop":
-        from .reference import loop_sequence_sq_norms
-
-        return loop_sequence_sq_norms(model, input_ids, attention_mask, response_mask)
     book = BookKeeper(model, method=method)
     with book.record():
         seq_lp = sequence_logprobs(token_logprobs(model, input_ids, attention_mask), response_mask)

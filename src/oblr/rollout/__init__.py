@@ -1,8 +1,107 @@
-"""Rollout engines behind one interface: ``generate(model, tokenizer, prompts, ...) -> RolloutBatch``.
+"""Rollout engines: the seam between oblr and whatever generates the samples.
 
-:mod:`oblr.rollout.hf` samples with a Hugging Face causal LM (KV cache, temperature, top-p, stop at EOS).
+The contract every engine keeps (the trainer, evaluation, the proxy study and the built-in model's
+measurement use nothing else; a vLLM engine and a TRL adapter plug in here):
+
+- :class:`RolloutBatch` -- what ``generate`` returns. Layout ``[pad pad prompt | response pad]``: prompts
+  left-padded to a common length ``P``, responses right-padded to the longest response ``L`` of the call,
+  ``T = P + L``. Rows are prompt-major: row ``k * num_samples + j`` is sample ``j`` of prompt ``k``.
+  ``attention_mask`` is 1 on prompt and response tokens (EOS included), ``response_mask`` on response
+  tokens (EOS included). ``sampler_logprobs`` [B, T] float32 is the log-probability of each sampled
+  response token under the distribution that sampled it (after temperature and top-p renormalisation),
+  0 outside the response, or None when the engine does not know it (greedy decoding).
+- :class:`RolloutEngine` -- ``generate(prompts, *, num_samples, max_new_tokens, temperature=1.0,
+  top_p=1.0, greedy=False, seed=None, progress=None) -> RolloutBatch``. ``seed=None`` samples from torch's
+  global RNG (training: reproducible through the checkpointed RNG state); an int uses a private generator
+  seeded with it and leaves the global RNG untouched (evaluation). ``progress(rows_done, rows_total)`` is
+  called as rows finish. ``sync_weights(model)`` is called by the trainer after every optimizer step
+  (the HF engine samples with the live policy module, so it is a no-op there; an engine holding its own
+  copy of the weights pushes them). ``close()`` frees the engine's resources.
+- :data:`ENGINES` -- the registry of engine factories ``f(model, tokenizer, **options) -> RolloutEngine``
+  (``@register_engine("name")``); :func:`make_engine` builds one by name (config key ``rollout.engine``,
+  options from ``rollout.engine_options``). Registered here: ``hf`` (:mod:`oblr.rollout.hf`, our KV-cache
+  decoding loop over a Hugging Face causal LM). Code outside this package never imports an engine module.
+- :func:`generate_and_score` -- generate for a list of examples and score every row: the one
+  "generate, then score" helper of oblr.
 """
 
-from oblr.rollout.hf import RolloutBatch, generate, sample_next_token
+from __future__ import annotations
 
-__all__ = ["RolloutBatch", "generate", "sample_next_token"]
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from oblr.registry import Registry
+
+
+@dataclass
+class RolloutBatch:
+    """Generated sequences of one ``generate`` call. ``B = len(prompts) * num_samples``."""
+
+    input_ids: torch.LongTensor  # [B, T] prompt left-padded + response right-padded
+    attention_mask: torch.LongTensor  # [B, T] 1 on prompt and response tokens (EOS included)
+    response_mask: torch.LongTensor  # [B, T] 1 on response tokens (EOS included), 0 after EOS
+    group_ids: torch.LongTensor  # [B] index of the prompt; row k*n + j
+    responses: list[str]  # decoded response text (no special tokens)
+    response_lengths: torch.LongTensor  # [B] response tokens, EOS included
+    finished: torch.BoolTensor  # [B] True if the response ended with EOS
+    prompt_length: int = 0  # P: responses start at column P; T - P = longest response of the call
+    sampler_logprobs: torch.Tensor | None = None  # [B, T] float32 log-prob of each sampled token; 0 elsewhere
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the trainer and the evaluators need from an engine (see the module docstring)."""
+
+    def generate(self, prompts: list[str], *, num_samples: int, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, greedy: bool = False, seed: int | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> RolloutBatch: ...
+
+    def sync_weights(self, model) -> None: ...
+
+    def close(self) -> None: ...
+
+
+ENGINES = Registry("rollout engine", modules=("oblr.rollout.hf",))
+
+
+def register_engine(name: str) -> Callable:
+    """Decorator: register an engine factory ``f(model, tokenizer, **options) -> RolloutEngine``."""
+    return ENGINES.register(name)
+
+
+def make_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
+    """The engine registered as ``name``, built for ``model`` and ``tokenizer`` with ``options``."""
+    return ENGINES.get(name)(model, tokenizer, **options)
+
+
+def generate_and_score(engine: RolloutEngine, examples: Sequence[Any], score: Callable[[list[str], list], Any], *,
+                       num_samples: int, **sampling) -> tuple[RolloutBatch, Any]:
+    """Generate ``num_samples`` responses for each example (``example.prompt``) and score every row.
+
+    ``score(responses, rows)`` gets the decoded responses and the examples repeated row by row
+    (prompt-major, ``rows[k * num_samples + j] = examples[k]``) and returns one score per row (e.g.
+    :func:`oblr.tasks.base.reward_scorer` for task rewards as a float32 tensor [B], or graded results).
+    ``sampling`` goes to ``engine.generate`` (``max_new_tokens``, ``temperature``, ``top_p``, ``greedy``,
+    ``seed``, ``progress``). Returns ``(batch, scores)``.
+    """
+    batch = engine.generate([ex.prompt for ex in examples], num_samples=num_samples, **sampling)
+    rows = [ex for ex in examples for _ in range(num_samples)]
+    if len(batch.responses) != len(rows):
+        raise RuntimeError(f"rollout engine returned {len(batch.responses)} responses for "
+                           f"{len(examples)} prompts x {num_samples} samples")
+    return batch, score(batch.responses, rows)
+
+
+def generate(model, tokenizer, prompts: list[str], **kwargs) -> RolloutBatch:
+    """Sample with the ``hf`` engine directly (``batch_size`` and ``generator_seed`` accepted as in
+    :func:`oblr.rollout.hf.generate`); the library shortcut for a model in this process."""
+    from oblr.rollout.hf import generate as hf_generate
+
+    return hf_generate(model, tokenizer, prompts, **kwargs)
+
+
+__all__ = ["ENGINES", "RolloutBatch", "RolloutEngine", "generate", "generate_and_score", "make_engine",
+           "register_engine"]

@@ -1,4 +1,7 @@
-"""Rollouts with a Hugging Face causal LM: batched sampling with a KV cache, stop at EOS.
+"""The ``hf`` rollout engine: batched sampling from a Hugging Face causal LM with a KV cache, stop at EOS.
+
+:class:`HFEngine` (registered as ``"hf"``) samples with the live policy module of the trainer, so
+``sync_weights`` has nothing to do; :func:`generate` is the same loop as a function.
 
 Our own decoding loop over ``model(...)`` with ``past_key_values`` (not ``model.generate``): for tiny
 models on CPU the cost is per-token Python overhead, and this loop measured faster than ``generate``
@@ -8,31 +11,36 @@ sequence.
 
 Output layout (see docs/architecture.md): ``[pad pad prompt | response pad]``, prompts left-padded to a
 common length ``P``, responses right-padded to the longest response ``L`` of the whole call, ``T = P + L``.
-Rows are prompt-major: row ``k * num_samples + j`` is sample ``j`` of prompt ``k``.
+Rows are prompt-major: row ``k * num_samples + j`` is sample ``j`` of prompt ``k``. ``sampler_logprobs``
+holds log q(token), q = softmax(logits / temperature) restricted to the top-p set and renormalised
+(None for greedy decoding).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from oblr.logprobs import position_ids_from_mask
+from oblr.rollout import RolloutBatch, register_engine
 
 
-@dataclass
-class RolloutBatch:
-    """Generated sequences of one call of :func:`generate`. ``B = len(prompts) * num_samples``."""
-
-    input_ids: torch.LongTensor  # [B, T] prompt left-padded + response right-padded
-    attention_mask: torch.LongTensor  # [B, T] 1 on prompt and response tokens (EOS included)
-    response_mask: torch.LongTensor  # [B, T] 1 on response tokens (EOS included), 0 after EOS
-    group_ids: torch.LongTensor  # [B] index of the prompt; row k*n + j
-    responses: list[str]  # decoded response text (no special tokens)
-    response_lengths: torch.LongTensor  # [B] response tokens, EOS included
-    finished: torch.BoolTensor  # [B] True if the response ended with EOS
-    prompt_length: int = 0  # P: responses start at column P; T - P = longest response of the call
+def _sample(logits: torch.Tensor, *, temperature: float, top_p: float, greedy: bool,
+            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(tokens [B], log q(tokens) [B] float32 or None when greedy)``; see :func:`sample_next_token`."""
+    if greedy:
+        return logits.argmax(-1), None
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each token
+        sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+    tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    # the sampler's own distribution: the kept mass renormalised (multinomial normalises the same way)
+    logq = probs.gather(-1, tok[:, None]).squeeze(-1).log() - probs.sum(-1).log()
+    return tok, logq
 
 
 def sample_next_token(logits: torch.Tensor, *, temperature: float, top_p: float, greedy: bool,
@@ -43,22 +51,15 @@ def sample_next_token(logits: torch.Tensor, *, temperature: float, top_p: float,
     tokens whose probability reaches ``top_p`` (the top token is always kept), renormalised, sampled with
     ``torch.multinomial`` (the global RNG, or ``generator``).
     """
-    if greedy:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, idx = probs.sort(dim=-1, descending=True)
-        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each token
-        sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return _sample(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)[0]
 
 
 @torch.no_grad()
 def _generate_chunk(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, eos_id: int, pad_id: int,
                     max_new_tokens: int, temperature: float, top_p: float, greedy: bool,
-                    generator: torch.Generator | None) -> torch.Tensor:
-    """Responses [b, L'] for one chunk (pad after EOS), L' <= max_new_tokens (stops when all finished)."""
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Responses [b, L'] for one chunk (pad after EOS), L' <= max_new_tokens (stops when all finished), and
+    the sampler's log-probs of those tokens [b, L'] (None when greedy)."""
     from transformers import DynamicCache
 
     # drop pad columns that every row of this chunk has (exact: they are masked out anyway)
@@ -71,13 +72,14 @@ def _generate_chunk(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, 
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
     next_pos = pos[:, -1:] + 1
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    tokens = []
+    tokens, logqs = [], []
     ones = torch.ones(b, 1, dtype=mask.dtype, device=device)
     for step in range(max_new_tokens):
         logits = out.logits[:, -1, :]
-        tok = sample_next_token(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
+        tok, logq = _sample(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
         tok = tok.masked_fill(done, pad_id)
         tokens.append(tok)
+        logqs.append(logq)
         done = done | (tok == eos_id)
         # one host sync per token to stop early; cheap next to a forward pass
         if step + 1 == max_new_tokens or bool(done.all()):
@@ -86,7 +88,7 @@ def _generate_chunk(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, 
         out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
                     past_key_values=out.past_key_values, use_cache=True)
         next_pos = next_pos + 1
-    return torch.stack(tokens, dim=1)
+    return torch.stack(tokens, dim=1), None if greedy else torch.stack(logqs, dim=1)
 
 
 def _check_args(prompts, num_samples, max_new_tokens, temperature, top_p, batch_size) -> None:
@@ -162,15 +164,18 @@ def generate(model, tokenizer, prompts: list[str], *, num_samples: int = 1, max_
     return _assemble(chunks, rows_ids, rows_mask, tokenizer, eos_id=eos_id, pad_id=pad_id, num_samples=g)
 
 
-def _assemble(chunks: list[torch.Tensor], rows_ids: torch.Tensor, rows_mask: torch.Tensor, tokenizer, *,
-              eos_id: int, pad_id: int, num_samples: int) -> RolloutBatch:
+def _assemble(chunks: list[tuple[torch.Tensor, torch.Tensor | None]], rows_ids: torch.Tensor,
+              rows_mask: torch.Tensor, tokenizer, *, eos_id: int, pad_id: int, num_samples: int) -> RolloutBatch:
     """Pad chunk responses to a common length and build the masks."""
     total, device = rows_ids.shape[0], rows_ids.device
-    width = max(c.shape[1] for c in chunks)
+    width = max(c.shape[1] for c, _ in chunks)
     resp = torch.full((total, width), pad_id, dtype=torch.long, device=device)
+    logq = None if chunks[0][1] is None else torch.zeros((total, width), dtype=torch.float32, device=device)
     row = 0
-    for c in chunks:
+    for c, lq in chunks:
         resp[row:row + c.shape[0], :c.shape[1]] = c
+        if logq is not None:
+            logq[row:row + c.shape[0], :c.shape[1]] = lq
         row += c.shape[0]
     is_eos = resp == eos_id
     finished = is_eos.any(-1)
@@ -183,6 +188,10 @@ def _assemble(chunks: list[torch.Tensor], rows_ids: torch.Tensor, rows_mask: tor
     texts = tokenizer.batch_decode([r[:int(n_)].tolist() for r, n_ in zip(resp.cpu(), lengths.cpu())],
                                    skip_special_tokens=True)
     p_len = rows_ids.shape[1]
+    sampler_logprobs = None
+    if logq is not None:
+        sampler_logprobs = torch.cat([torch.zeros_like(rows_mask, dtype=torch.float32),
+                                      torch.where(resp_mask.bool(), logq, torch.zeros_like(logq))], dim=1)
     batch = RolloutBatch(
         input_ids=torch.cat([rows_ids, resp], dim=1),
         attention_mask=torch.cat([rows_mask, resp_mask], dim=1),
@@ -192,5 +201,31 @@ def _assemble(chunks: list[torch.Tensor], rows_ids: torch.Tensor, rows_mask: tor
         response_lengths=lengths,
         finished=finished,
         prompt_length=p_len,
+        sampler_logprobs=sampler_logprobs,
     )
     return batch
+
+
+@register_engine("hf")
+class HFEngine:
+    """The in-process engine: :func:`generate` with the live policy module (``batch_size``: rows per
+    decoding chunk, None = all at once). ``sync_weights`` only records which module to sample with."""
+
+    def __init__(self, model, tokenizer, *, batch_size: int | None = None):
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"hf engine: batch_size must be >= 1 or None, got {batch_size}")
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+
+    def generate(self, prompts: list[str], *, num_samples: int, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, greedy: bool = False, seed: int | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> RolloutBatch:
+        with torch.no_grad():
+            return generate(self.model, self.tokenizer, prompts, num_samples=num_samples,
+                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, greedy=greedy,
+                            batch_size=self.batch_size, generator_seed=seed, progress=progress)
+
+    def sync_weights(self, model) -> None:
+        self.model = model  # the same module object in the trainer: nothing to copy
+
+    def close(self) -> None:
+        pass

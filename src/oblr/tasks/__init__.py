@@ -1,10 +1,20 @@
 """Tasks: prompts, reference answers and verifiable rewards, in a registry by name.
 
-A task gives the trainer and the evaluator lists of :class:`Example` and a reward function. Built-in
-names: ``arithmetic`` (generated, see :mod:`oblr.tasks.arithmetic`), and the math sets under
+A task gives the trainer and the evaluator lists of :class:`Example` and a reward function; the registry
+:data:`TASKS` holds their factories (``register_task``, ``get_task``). Built-in names: ``arithmetic`` (generated, see :mod:`oblr.tasks.arithmetic`), and the math sets under
 ``../shared/data`` (see :mod:`oblr.tasks.math`).
 """
 
-from oblr.tasks.base import Example, Task, available_tasks, get_task, register_task, safe_reward
+from oblr.tasks.base import (
+    TASKS,
+    Example,
+    Task,
+    available_tasks,
+    get_task,
+    register_task,
+    reward_scorer,
+    safe_reward,
+)
 
-__all__ = ["Example", "Task", "get_task", "register_task", "available_tasks", "safe_reward"]
+__all__ = ["TASKS", "Example", "Task", "get_task", "register_task", "available_tasks", "reward_scorer",
+           "safe_reward"]

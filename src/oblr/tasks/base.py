@@ -1,15 +1,13 @@
-"""Task interface and registry."""
+"""Task interface, the task registry (:data:`TASKS`) and rewards that never raise."""
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# modules that register tasks when imported; imported lazily by get_task/available_tasks
-_TASK_MODULES = ("oblr.tasks.arithmetic", "oblr.tasks.math")
+from oblr.registry import Registry
 
 
 @dataclass
@@ -34,49 +32,28 @@ class Task:
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, Callable[..., Task]] = {}
+# task factories ``f(**options) -> Task``; the built-in ones register when their modules are first needed
+TASKS: Registry = Registry("task", modules=("oblr.tasks.arithmetic", "oblr.tasks.math"))
 
 
-def register_task(name: str):
+def register_task(name: str) -> Callable:
     """Decorator: register a factory ``f(**options) -> Task`` under ``name`` (duplicates rejected)."""
-
-    def deco(factory):
-        if name in _REGISTRY:
-            raise ValueError(f"task {name!r} is already registered")
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
-def _load_builtin_modules() -> None:
-    for mod in _TASK_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:  # a module not written yet, or an optional dependency missing
-            if e.name != mod:
-                raise
+    return TASKS.register(name)
 
 
 def available_tasks() -> list[str]:
-    _load_builtin_modules()
-    return sorted(_REGISTRY)
+    return TASKS.names()
 
 
 def get_task(name: str, **options) -> Task:
-    _load_builtin_modules()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](**options)
+    return TASKS.get(name)(**options)
 
 
 def task_accepts(name: str, option: str) -> bool:
     """Whether the factory of task ``name`` takes the keyword ``option`` (e.g. ``tokenizer``)."""
     import inspect
 
-    _load_builtin_modules()
-    factory = _REGISTRY.get(name)
-    return factory is not None and option in inspect.signature(factory).parameters
+    return name in TASKS and option in inspect.signature(TASKS.get(name)).parameters
 
 
 class RewardFailures:
@@ -99,3 +76,15 @@ def safe_reward(task: Task, response: str, example: Example, failures: RewardFai
         warnings.warn(f"reward function of task {task.name!r} failed ({type(e).__name__}: {e}); reward 0",
                       RuntimeWarning, stacklevel=2)
         return 0.0
+
+
+def reward_scorer(task: Task, failures: RewardFailures | None = None) -> Callable[[list[str], list[Example]], Any]:
+    """A ``score(responses, examples)`` for :func:`oblr.rollout.generate_and_score`: the task's reward of
+    every row through :func:`safe_reward`, as a float32 tensor [B]; failures are counted in ``failures``."""
+    import torch
+
+    def score(responses: list[str], examples: list[Example]):
+        return torch.tensor([safe_reward(task, r, ex, failures) for r, ex in zip(responses, examples)],
+                            dtype=torch.float32)
+
+    return score

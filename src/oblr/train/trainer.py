@@ -1,8 +1,12 @@
-"""The RL loop: prompts -> rollouts -> rewards -> norms/baseline/gradient -> SNR lr -> optimizer step -> metrics.
+"""The RL loop: prompts -> rollouts -> rewards -> gradient, norms, S, V -> learning rate -> optimizer step.
 
 The trainer only wires the pieces (each is a plain function or a small object, tested on its own):
-:func:`oblr.rollout.hf.generate`, the task's reward, :func:`oblr.update.accumulate_policy_gradient`,
-:mod:`oblr.schedules`, :mod:`oblr.checkpoint`, :mod:`oblr.tracking`.
+the rollout engine (:func:`oblr.rollout.make_engine`, :func:`oblr.rollout.generate_and_score`), the
+task's reward (:func:`oblr.tasks.reward_scorer`), :func:`oblr.update.accumulate_policy_gradient` (advantages,
+``.grad``, per-prompt norms and the :class:`oblr.snr.SNRStats`), the schedule (:mod:`oblr.schedules`),
+the optimizer (:mod:`oblr.train.optimizers`), the run folder (:mod:`oblr.train.run_dir`), checkpoints
+(:mod:`oblr.train.checkpoint`) and the metric sinks (:mod:`oblr.tracking`). docs/architecture.md follows
+one step through it.
 """
 
 from __future__ import annotations
@@ -10,37 +14,23 @@ from __future__ import annotations
 import copy
 import json
 import time
-from datetime import datetime
 from pathlib import Path
 
 import torch
 
-from oblr import checkpoint as ckpt
-from oblr.config import Config, ConfigError, config_from_dict, save_config
-from oblr.rollout.hf import generate
+from oblr.config import Config, ConfigError, save_config
+from oblr.rollout import generate_and_score, make_engine
 from oblr.schedules import make_lr_controller
-from oblr.snr import signal_noise, snr_factor
-from oblr.tasks import get_task
-from oblr.tasks.base import RewardFailures, safe_reward, task_accepts
-from oblr.update import UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
-
-# config keys that may differ between a run and its resumption (everything else must match)
-RESUMABLE_CHANGES = {"train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints",
-                     "train.plots", "train.tensorboard", "train.wandb", "train.threads", "model.device"}
+from oblr.tasks import get_task, reward_scorer
+from oblr.tasks.base import RewardFailures, task_accepts
+from oblr.train import checkpoint as ckpt
+from oblr.train.optimizers import make_optimizer
+from oblr.train.run_dir import resolve_run_dir
+from oblr.update import UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient, grad_sq_norm
 
 
 class TrainingError(RuntimeError):
     pass
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and k != "options" and k != "baseline_options":
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _to_float(v):
@@ -52,41 +42,11 @@ def _to_float(v):
 class Trainer:
     def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
         self.cfg, self.resume, self.quiet = cfg, resume, quiet
-        self.run_dir = self._resolve_run_dir()
+        self.run_dir = resolve_run_dir(cfg, resume=resume)
 
     # ------------------------------------------------------------------------------------------ setup
-    def _resolve_run_dir(self) -> Path:
-        t = self.cfg.train
-        if t.output_dir:
-            run_dir = Path(t.output_dir)
-        else:
-            stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-            run_dir = Path("runs") / f"{stamp}-{self.cfg.algorithm.baseline}-{self.cfg.algorithm.lr_schedule}"
-        has_ckpt = ckpt.latest_checkpoint(run_dir) is not None
-        if self.resume and not has_ckpt:
-            raise ConfigError(f"--resume: no checkpoint to resume in {run_dir}")
-        if not self.resume and (has_ckpt or (run_dir / "metrics.jsonl").exists()):
-            raise ConfigError(f"run folder {run_dir} already holds a run; pass --resume to continue it "
-                              f"or choose another --output-dir (nothing was overwritten)")
-        if self.resume:
-            self._check_resume_config(run_dir)
-        return run_dir
-
-    def _check_resume_config(self, run_dir: Path) -> None:
-        import yaml
-
-        saved_path = run_dir / "config.yaml"
-        if not saved_path.is_file():
-            return
-        saved = _flatten(config_from_dict(yaml.safe_load(saved_path.read_text())).to_dict())
-        now = _flatten(self.cfg.to_dict())
-        diff = [k for k in now if now[k] != saved.get(k) and k not in RESUMABLE_CHANGES and k != "train.output_dir"]
-        if diff:
-            raise ConfigError("cannot resume with a different configuration; changed keys: "
-                              + ", ".join(f"{k} ({saved.get(k)!r} -> {now[k]!r})" for k in diff))
-
     def _setup(self) -> None:
-        from oblr.models import load_model_and_tokenizer
+        from oblr.models import load_model_and_tokenizer, wrap_lora
         from oblr.tracking import MetricsLogger, ProgressDisplay
 
         cfg = self.cfg
@@ -117,56 +77,36 @@ class Trainer:
             # exactly as `oblr eval` renders them; the data was already validated above
             self.task = get_task(cfg.task.name, **cfg.task.options, tokenizer=self.tokenizer)
             self.eval_examples = self.task.eval[: cfg.task.eval_size]
-        if cfg.model.lora_rank > 0:
-            self.model = self._wrap_lora(self.model)
+        m, o = cfg.model, cfg.optim
+        if m.lora_rank > 0:
+            self.model = wrap_lora(self.model, rank=m.lora_rank, alpha=m.lora_alpha, targets=m.lora_targets)
         self.ref_model = None
         if cfg.algorithm.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        o = cfg.optim
-        if o.optimizer == "adamw":
-            self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
-        else:
-            self.optimizer = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum)
+        self.optimizer = make_optimizer(o.optimizer, [p for p in self.model.parameters() if p.requires_grad], o)
         self.lr_ctrl = make_lr_controller(cfg.algorithm.lr_schedule, self.optimizer, lr=o.lr, eta_min=o.eta_min,
                                           warmup_steps=o.warmup_steps, total_steps=cfg.train.steps, ema=o.snr_ema)
-        a = cfg.algorithm
-        self.settings = UpdateSettings(
-            baseline=a.baseline, baseline_options=dict(a.baseline_options), aggregation=a.aggregation,
-            max_len=a.max_len or cfg.rollout.max_new_tokens, need_snr=self.lr_ctrl.needs_snr or a.track_snr,
-            norms_method=a.norms_method, micro_batch_groups=a.micro_batch_groups, clip_eps=a.clip_eps,
-            kl_coef=a.kl_coef)
-        self.start_step, self.best = 0, {}
+        self.settings = UpdateSettings.from_config(cfg, schedule_needs_snr=self.lr_ctrl.needs_snr)
+        self.start_step = 0
         self.history: dict = {"eval": []}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.resume:
             self._restore()
         else:
             save_config(cfg, self.run_dir / "config.yaml")
+        # built with the restored weights; sync_weights after every optimizer step keeps it on-policy
+        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, batch_size=cfg.rollout.batch_size,
+                                  **cfg.rollout.engine_options)
         self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.train.tensorboard, wandb=cfg.train.wandb,
                                     config=cfg.to_dict(), resume=self.resume and self.start_step or False)
         self.progress = None if self.quiet else ProgressDisplay(cfg.train.steps)
         self.reward_failures = RewardFailures()
+        self.score = reward_scorer(self.task, self.reward_failures)
         self.bad_steps = 0
-
-    def _wrap_lora(self, model):
-        try:
-            from peft import LoraConfig, get_peft_model
-        except ImportError:
-            raise ConfigError("config key 'model.lora_rank': LoRA needs peft (pip install 'oblr[lora]')") from None
-        m = self.cfg.model
-        return get_peft_model(model, LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha,
-                                                target_modules=list(m.lora_targets), lora_dropout=0.0))
 
     def _restore(self) -> None:
         path = ckpt.latest_checkpoint(self.run_dir)
-        if getattr(self.model, "peft_config", None):
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-
-            set_peft_model_state_dict(self.model, load_file(str(path / "adapter_model.safetensors")))
-        else:
-            ckpt.load_weights_into(self.model, path)
+        ckpt.load_weights_into(self.model, path)
         state = ckpt.load_trainer_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.lr_ctrl.load_state_dict(state["lr_controller"])
@@ -190,10 +130,6 @@ class Trainer:
             out.append(int(torch.randperm(n_train, generator=g)[i]))
         return out
 
-    def _score(self, responses: list[str], examples: list) -> torch.Tensor:
-        return torch.tensor([safe_reward(self.task, r, ex, self.reward_failures)
-                             for r, ex in zip(responses, examples)], dtype=torch.float32)
-
     def evaluate(self, step: int) -> dict:
         """Held-out accuracy: sampled (rollout temperature, fixed seed) and greedy. Training RNG untouched."""
         if not self.eval_examples:
@@ -201,27 +137,20 @@ class Trainer:
         cfg, t0 = self.cfg, time.perf_counter()
         rng = ckpt.rng_state()
         self.model.eval()
-        prompts = [ex.prompt for ex in self.eval_examples]
-        k = cfg.train.eval_samples
-        out = {}
-        with torch.no_grad():
-            sampled = generate(self.model, self.tokenizer, prompts, num_samples=k,
-                               max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                               top_p=cfg.rollout.top_p, batch_size=cfg.rollout.batch_size,
-                               generator_seed=cfg.train.seed + 12345)
-            exs = [ex for ex in self.eval_examples for _ in range(k)]
-            out["eval/accuracy_sampled"] = self._score(sampled.responses, exs).mean().item()
-            out["eval/response_length_mean"] = sampled.response_lengths.float().mean().item()
-            rows = [{"prompt": ex.prompt, "answer": ex.answer, "response": r} for ex, r in
-                    zip(exs, sampled.responses)]
-            if cfg.train.eval_greedy:
-                greedy = generate(self.model, self.tokenizer, prompts, num_samples=1,
-                                  max_new_tokens=cfg.rollout.max_new_tokens, greedy=True,
-                                  batch_size=cfg.rollout.batch_size)
-                scores = self._score(greedy.responses, self.eval_examples)
-                out["eval/accuracy_greedy"] = scores.mean().item()
-                rows = [{"prompt": ex.prompt, "answer": ex.answer, "greedy": r, "reward": s.item()}
-                        for ex, r, s in zip(self.eval_examples, greedy.responses, scores)]
+        k, exs = cfg.train.eval_samples, self.eval_examples
+        sampling = dict(max_new_tokens=cfg.rollout.max_new_tokens)
+        sampled, scores = generate_and_score(self.engine, exs, self.score, num_samples=k, **sampling,
+                                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                             seed=cfg.train.seed + 12345)
+        out = {"eval/accuracy_sampled": scores.mean().item(),
+               "eval/response_length_mean": sampled.response_lengths.float().mean().item()}
+        rows = [{"prompt": ex.prompt, "answer": ex.answer, "response": r} for ex, r in
+                zip([ex for ex in exs for _ in range(k)], sampled.responses)]
+        if cfg.train.eval_greedy:
+            greedy, scores = generate_and_score(self.engine, exs, self.score, num_samples=1, **sampling, greedy=True)
+            out["eval/accuracy_greedy"] = scores.mean().item()
+            rows = [{"prompt": ex.prompt, "answer": ex.answer, "greedy": r, "reward": s.item()}
+                    for ex, r, s in zip(exs, greedy.responses, scores)]
         ckpt.set_rng_state(rng)
         samples = self.run_dir / "samples"
         samples.mkdir(exist_ok=True)
@@ -238,15 +167,19 @@ class Trainer:
         t0 = time.perf_counter()
         examples = [self.task.train[i] for i in self._prompt_indices(step)]
         self.model.eval()
-        with torch.no_grad():
-            batch = generate(self.model, self.tokenizer, [ex.prompt for ex in examples], num_samples=G,
-                             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                             top_p=cfg.rollout.top_p, batch_size=cfg.rollout.batch_size)
-        times["time/generate"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
         failures_before = self.reward_failures.count
-        rewards = self._score(batch.responses, [ex for ex in examples for _ in range(G)]).view(N, G)
-        times["time/score"] = time.perf_counter() - t1
+        timed = {}  # generation and scoring timed apart
+
+        def score(responses, rows):
+            timed["generated"] = time.perf_counter()
+            return self.score(responses, rows)
+
+        batch, rewards = generate_and_score(self.engine, examples, score, num_samples=G,
+                                            max_new_tokens=cfg.rollout.max_new_tokens,
+                                            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+        rewards = rewards.view(N, G)
+        times["time/generate"] = timed["generated"] - t0
+        times["time/score"] = time.perf_counter() - timed["generated"]
 
         t2 = time.perf_counter()
         self.model.train()
@@ -255,11 +188,7 @@ class Trainer:
                                          ref_model=self.ref_model)
         metrics = dict(res.metrics)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_sq = sum((p.grad.float().pow(2).sum() for p in params if p.grad is not None),
-                      torch.zeros((), device=self.device))
-        S = V = snr = None
-        if res.per_prompt_sq_norms is not None:
-            S, V, snr = signal_noise(res.per_prompt_sq_norms, grad_sq, N)
+        grad_sq = grad_sq_norm(self.model)  # of the gradient about to be applied (= res.grad_sq_norm)
         times["time/norms"] = time.perf_counter() - t2
 
         t3 = time.perf_counter()
@@ -267,25 +196,24 @@ class Trainer:
         metrics["optim/grad_norm"] = grad_sq.sqrt()
         if finite:
             self.bad_steps = 0
-            self.lr_ctrl.step(S, V, N)
+            self.lr_ctrl.step(res.snr)
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
             self.optimizer.step()
+            self.engine.sync_weights(self.model)
             for _ in range(cfg.algorithm.epochs - 1):
                 self.optimizer.zero_grad(set_to_none=True)
-                metrics.update(accumulate_clipped_gradient(self.model, batch, res.advantages, res.old_logprobs,
-                                                           self.settings, ref_model=self.ref_model))
+                metrics.update(accumulate_clipped_gradient(self.model, batch, res, self.settings))
                 if cfg.optim.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
                 self.optimizer.step()
+                self.engine.sync_weights(self.model)
         else:
             self.bad_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
         metrics["optim/skipped"] = 0.0 if finite else 1.0
-        if S is not None and not self.lr_ctrl.needs_snr:  # algorithm.track_snr with a fixed schedule
-            s_, v_ = float(S), float(V)
-            metrics.update({"snr/S": s_, "snr/V": v_, "snr/snr": float(snr), "snr/n_snr": N * float(snr),
-                            "snr/factor": snr_factor(s_, v_, N)})
+        if res.snr is not None and not self.lr_ctrl.needs_snr:  # algorithm.track_snr with a fixed schedule
+            metrics.update(res.snr.metrics())
         metrics.update(self.lr_ctrl.metrics())
         metrics["optim/lr"] = self.lr_ctrl.get_last_lr()[0]
         times["time/update"] = time.perf_counter() - t3
@@ -346,9 +274,10 @@ class Trainer:
             if self.progress:
                 self.progress.close()
             self.logger.close()
+            self.engine.close()
         summary = self._summary(step, time.perf_counter() - wall0)
         if t.plots:
-            from oblr.report import plot_run
+            from oblr.experiments.report import plot_run
 
             summary["plots"] = [str(p) for p in plot_run(self.run_dir)]
         ckpt.write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

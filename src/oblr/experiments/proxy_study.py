@@ -121,26 +121,24 @@ def collect_rollouts(model, tokenizer, task, *, n_prompts: int, group_size: int,
                      temperature: float = 1.0, seed: int = 0, batch_size: int | None = 256):
     """``(batch, rewards [N, G])``: G samples for each of N training prompts chosen by ``seed`` (the same
     prompts for every model), sampled with a private generator (global RNG untouched)."""
-    from oblr.rollout.hf import generate
-    from oblr.tasks.base import safe_reward
+    from oblr.rollout import generate_and_score, make_engine
+    from oblr.tasks import reward_scorer
 
     if n_prompts > len(task.train):
         raise ValueError(f"proxy study: {n_prompts} prompts asked, the task has {len(task.train)} training prompts")
     idx = torch.randperm(len(task.train), generator=torch.Generator().manual_seed(seed))[:n_prompts].tolist()
     examples = [task.train[i] for i in idx]
-    batch = generate(model, tokenizer, [ex.prompt for ex in examples], num_samples=group_size,
-                     max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size,
-                     generator_seed=seed)
-    rewards = torch.tensor([safe_reward(task, r, examples[i // group_size]) for i, r in enumerate(batch.responses)],
-                           dtype=torch.float32).view(n_prompts, group_size)
-    return batch, rewards
+    engine = make_engine("hf", model, tokenizer, batch_size=batch_size)
+    batch, rewards = generate_and_score(engine, examples, reward_scorer(task), num_samples=group_size,
+                                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    return batch, rewards.view(n_prompts, group_size)
 
 
 # ---------------------------------------------------------------------------------------- over a run
 def study_points(run_dir: str | Path | None, model: str | None) -> list[tuple[int, str]]:
     """``[(step, model path)]``: step 0 = ``model`` (default: the run's ``model.name_or_path``), then every
     complete checkpoint ``run_dir/checkpoints/step_*`` in step order."""
-    from oblr.run_stats import config_value, run_config
+    from oblr.experiments.stats import config_value, run_config
 
     if run_dir is None:
         return [(0, model or "builtin")]
@@ -230,7 +228,7 @@ def _write_markdown(path: Path, rows: list[dict], n: int, g: int, task: str) -> 
 def _plot(path: Path, rows: list[dict]) -> Path:
     import numpy as np
 
-    from oblr.plotting import PALETTE, new_figure, save_png
+    from oblr.tracking.plots import PALETTE, new_figure, save_png
 
     steps = np.array([r["step"] for r in rows])
     fig, (a1, a2) = new_figure(2, "Proxies of w_i vs the exact squared gradient norms")
@@ -269,7 +267,7 @@ def register_cli(sub) -> None:
 
 
 def _cmd_proxy_study(args) -> int:
-    from oblr.run_stats import config_value, run_config
+    from oblr.experiments.stats import config_value, run_config
 
     cfg = run_config(args.checkpoints) if args.checkpoints else {}
     points = study_points(args.checkpoints, args.model)

@@ -1,6 +1,6 @@
 """Compare methods over seeds: a table (markdown + CSV) and seed-band plots from run folders.
 
-Runs are grouped (by default by :func:`oblr.run_stats.run_label` without the seed, i.e. baseline +
+Runs are grouped (by default by :func:`oblr.experiments.stats.run_label` without the seed, i.e. baseline +
 lr schedule), per-run statistics are computed from ``metrics.jsonl`` and aggregated per group as
 ``mean ± std`` over seeds (sample std, ddof=1; shown as a single value when a group has one run).
 """
@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oblr.plotting import PALETTE, log_scale_ok, new_figure, save_png
-from oblr.run_stats import (
+from oblr.experiments.stats import (
     auc_normalized,
     best,
     config_value,
@@ -29,6 +28,7 @@ from oblr.run_stats import (
     spike_count,
     steps_to_target,
 )
+from oblr.tracking.plots import PALETTE, log_scale_ok, new_figure, save_png
 
 __all__ = ["ACCURACY_KEYS", "METRICS", "aggregate", "compare_runs", "run_stats"]
 

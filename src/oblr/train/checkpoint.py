@@ -115,9 +115,15 @@ def load_trainer_state(ckpt: Path) -> dict:
 
 
 def load_weights_into(model, ckpt: Path) -> None:
-    """Load a checkpoint's safetensors weights into an already-built model (exact, strict on trainable names)."""
+    """Load a checkpoint's safetensors weights into an already-built model (exact, strict on trainable names);
+    a LoRA (peft) model gets its adapter weights."""
     from safetensors.torch import load_file
 
+    if getattr(model, "peft_config", None):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(str(Path(ckpt) / "adapter_model.safetensors")))
+        return
     files = sorted(Path(ckpt).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no .safetensors weights in checkpoint {ckpt}")

@@ -1,10 +1,12 @@
-"""Load any causal LM + tokenizer from a path; resolve (and build on first use) the built-in tiny model.
+"""Models: load any causal LM + tokenizer, wrap it with LoRA, resolve (and build) the built-in tiny model.
 
 One code path for real checkpoints and the built-in model: both go through
-``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``. The built-in model
-(``"builtin"`` or ``"builtin:tiny-arith"``) is a Qwen3-architecture checkpoint in
-``$OBLR_CACHE_DIR/models/tiny-arith-v1`` (default ``~/.cache/oblr``), built by
-:func:`oblr.builtin_model.build_builtin_model` the first time it is asked for.
+``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``
+(:func:`load_model_and_tokenizer`). The built-in model (``"builtin"`` or ``"builtin:tiny-arith"``) is a
+Qwen3-architecture checkpoint in ``$OBLR_CACHE_DIR/models/tiny-arith-v1`` (default ``~/.cache/oblr``),
+built by :func:`oblr.models.builtin.build_builtin_model` (tokenizer: :mod:`oblr.models.tokenizer`) the
+first time it is asked for. :func:`wrap_lora` adds LoRA adapters (peft). :data:`DTYPES` lists the
+parameter dtypes by name (``model.dtype``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from pathlib import Path
 BUILTIN_NAMES = ("builtin", "builtin:tiny-arith")
 BUILTIN_DIRNAME = "tiny-arith-v1"
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-           "float16": "float16", "fp16": "float16"}
+# parameter dtypes by name (the config's choices) and the short aliases load_model_and_tokenizer accepts too
+DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = {**{d: d for d in DTYPES}, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def cache_dir() -> Path:
@@ -58,7 +61,7 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, p
         raise ValueError(f"model name or path must be a non-empty string, got {name_or_path!r}")
     if is_builtin(name):
         path = builtin_model_dir()
-        from oblr.builtin_model import build_builtin_model, is_current_build
+        from oblr.models.builtin import build_builtin_model, is_current_build
 
         if not is_current_build(path):
             if not build:
@@ -121,3 +124,15 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, *, dtype: str = "f
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def wrap_lora(model, *, rank: int, alpha: float, targets: list[str]):
+    """``model`` with LoRA adapters of ``rank`` on the modules named ``targets`` (only they train)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        from oblr.config import ConfigError
+
+        raise ConfigError("config key 'model.lora_rank': LoRA needs peft (pip install 'oblr[lora]')") from None
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets),
+                                            lora_dropout=0.0))

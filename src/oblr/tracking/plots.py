@@ -1,4 +1,4 @@
-"""Small matplotlib helpers shared by :mod:`oblr.report` and :mod:`oblr.compare`.
+"""Small matplotlib helpers shared by :mod:`oblr.experiments.report` and :mod:`oblr.experiments.compare`.
 
 Figures are built with ``matplotlib.figure.Figure`` and rendered by the Agg canvas directly, never through
 ``pyplot``: no global backend switch, no display needed, no figure left open in a user's session.

@@ -60,10 +60,10 @@ def is_current_build(path: str | os.PathLike) -> bool:
 
 
 def builtin_config():
-    """The ``Qwen3Config`` of the built-in model (vocabulary of :mod:`oblr.tokenizer_builder`)."""
+    """The ``Qwen3Config`` of the built-in model (vocabulary of :mod:`oblr.models.tokenizer`)."""
     from transformers import Qwen3Config
 
-    from oblr.tokenizer_builder import EOS, MODEL_VOCAB_SIZE, PAD, vocabulary
+    from oblr.models.tokenizer import EOS, MODEL_VOCAB_SIZE, PAD, vocabulary
 
     voc = vocabulary()
     shape = dict(MODEL_SHAPE)
@@ -144,13 +144,13 @@ def sft_train(model, tokenizer, examples, *, steps: int, batch_size: int, lr: fl
 def measure_accuracy(model, tokenizer, task, examples, *, greedy: bool, num_samples: int = 1,
                      max_new_tokens: int = 48, seed: int = 0, batch_size: int = 256) -> float:
     """Mean reward over ``examples`` x ``num_samples`` (temperature 1, or greedy)."""
-    from oblr.rollout.hf import generate
+    from oblr.rollout import generate_and_score, make_engine
+    from oblr.tasks import reward_scorer
 
-    batch = generate(model, tokenizer, [ex.prompt for ex in examples], num_samples=num_samples,
-                     max_new_tokens=max_new_tokens, temperature=1.0, greedy=greedy, batch_size=batch_size,
-                     generator_seed=seed)
-    rewards = [task.reward(r, examples[i // num_samples]) for i, r in enumerate(batch.responses)]
-    return sum(rewards) / len(rewards)
+    engine = make_engine("hf", model, tokenizer, batch_size=batch_size)
+    _, rewards = generate_and_score(engine, examples, reward_scorer(task), num_samples=num_samples,
+                                    max_new_tokens=max_new_tokens, greedy=greedy, seed=seed)
+    return float(rewards.sum()) / rewards.numel()
 
 
 def build_builtin_model(out_dir: str | os.PathLike, *, seed: int = 0, sft_steps: int | None = None,
@@ -165,8 +165,8 @@ def build_builtin_model(out_dir: str | os.PathLike, *, seed: int = 0, sft_steps:
     """
     from transformers import Qwen3ForCausalLM
 
+    from oblr.models.tokenizer import build_tokenizer
     from oblr.tasks.arithmetic import arithmetic_task
-    from oblr.tokenizer_builder import build_tokenizer
 
     out = Path(out_dir).expanduser()
     if (out / METADATA_FILE).is_file() and not overwrite:

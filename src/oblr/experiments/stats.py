@@ -1,6 +1,6 @@
 """Numbers from run folders: merged per-step records, metric series, and the statistics that reports use.
 
-Pure numpy, no plotting; :mod:`oblr.report` and :mod:`oblr.compare` build on it.
+Pure numpy, no plotting; :mod:`oblr.experiments.report` and :mod:`oblr.experiments.compare` build on it.
 
 Definitions (all over the *finite* values of a series, ordered by step):
 - final: the last value;  best: the maximum and the first step reaching it;

@@ -1,10 +1,12 @@
-"""Experiment runner and reports: ``oblr compare`` (a grid of runs), ``oblr report``, ``oblr proxy-study``.
+"""The experiment grid runner and the command line of ``oblr compare``, ``oblr report`` (and ``oblr proxy-study``).
 
-- :func:`run_grid` -- run every (variant, seed) of a :class:`oblr.grid.Grid` that is not already done,
-  one after the other (or ``jobs`` processes at once), then :func:`oblr.compare.compare_runs` into
-  ``OUT/report/``; a failing run is reported and the others go on.
-- :func:`find_run_dirs`, :func:`variant_label`, :func:`build_report` -- tables and plots from run folders.
-Grid files and the reuse/resume rules are in :mod:`oblr.grid`; the proxy study is :mod:`oblr.proxy_study`.
+- :func:`run_grid` -- run every (variant, seed) of a :class:`oblr.experiments.grid.Grid` that is not
+  already done, one after the other (or ``jobs`` processes at once), then
+  :func:`oblr.experiments.compare.compare_runs` into ``OUT/report/``; a failing run is reported and the
+  others go on.
+- :func:`register_cli` -- ``oblr compare`` (this runner), ``oblr report``
+  (:func:`oblr.experiments.report.build_report`) and ``oblr proxy-study`` (:mod:`oblr.experiments.proxy_study`).
+Grid files and the reuse/resume rules are in :mod:`oblr.experiments.grid`.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import time
 import traceback
 from pathlib import Path
 
-from oblr.grid import GRID_FILE, Grid, PlannedRun, clear_partial, load_grid, plan_grid, write_grid_file
+from oblr.experiments.grid import Grid, PlannedRun, clear_partial, load_grid, plan_grid, write_grid_file
 
-__all__ = ["build_report", "find_run_dirs", "register_cli", "run_grid", "variant_label"]
+__all__ = ["register_cli", "run_grid"]
 
 
 def _fmt_s(seconds: float) -> str:
@@ -30,8 +32,8 @@ def _fmt_s(seconds: float) -> str:
 
 
 def _label_summary(run_dir: Path, variant: str, seed: int) -> None:
-    """Add ``label`` (read by :func:`oblr.run_stats.run_label`) and the grid cell to ``summary.json``."""
-    from oblr.checkpoint import write_text_atomic
+    """Add ``label`` (read by :func:`oblr.experiments.stats.run_label`) and the grid cell to ``summary.json``."""
+    from oblr.train.checkpoint import write_text_atomic
 
     path = run_dir / "summary.json"
     summary = json.loads(path.read_text())
@@ -41,14 +43,16 @@ def _label_summary(run_dir: Path, variant: str, seed: int) -> None:
     write_text_atomic(path, json.dumps(summary, indent=2) + "\n")
 
 
-def _train_one(cfg_dict: dict, resume: bool, variant: str, seed: int, quiet: bool) -> dict:
+def _train_one(cfg_dict: dict, resume: bool, variant: str, seed: int, quiet: bool, plugins: tuple = ()) -> dict:
     """Train one run (in this process or a worker); never raises except on KeyboardInterrupt."""
     from oblr.config import config_from_dict
-    from oblr.trainer import train
+    from oblr.plugins import load_plugins
+    from oblr.train import train
 
     t0 = time.perf_counter()
     run_dir = Path(cfg_dict["train"]["output_dir"])
     try:
+        load_plugins(plugins)  # a spawned worker imports the user's registrations again
         summary = train(config_from_dict(cfg_dict), resume=resume, quiet=quiet)
         _label_summary(run_dir, variant, seed)
         return {"status": "done", "seconds": time.perf_counter() - t0, "summary": summary}
@@ -87,12 +91,13 @@ class _Progress:
 
 
 def run_grid(grid: Grid, out_dir: str | Path, *, overrides: list[str] = (), jobs: int = 1, dry_run: bool = False,
-             quiet_runs: bool = True, command: str = "", log=print) -> dict:
+             quiet_runs: bool = True, command: str = "", log=print, plugins: tuple = ()) -> dict:
     """Run the grid into ``out_dir``; returns ``{"runs": [...], "failed": int, "report": files, "seconds"}``.
 
     Each entry of ``runs`` holds ``variant, seed, run_dir, action, status`` (reused | done | failed |
     conflict | planned), ``seconds`` and ``error``. ``jobs > 1`` trains that many runs at once in spawned
-    processes, each with ``cpu_count // jobs`` torch threads unless ``train.threads`` is set.
+    processes, each with ``cpu_count // jobs`` torch threads unless ``train.threads`` is set; ``plugins``
+    (module names, :mod:`oblr.plugins`) are imported in each of them.
     """
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
@@ -127,10 +132,10 @@ def run_grid(grid: Grid, out_dir: str | Path, *, overrides: list[str] = (), jobs
     if jobs == 1 or len(todo) <= 1:
         for k, p, rec in todo:
             _start_msg(log, k, n, p)
-            rec.update(_train_one(*_job_args(p, jobs, quiet_runs)))
+            rec.update(_train_one(*_job_args(p, jobs, quiet_runs), tuple(plugins)))
             progress.finished(k, p, rec)
     else:
-        _run_parallel(todo, n, jobs, progress, log)
+        _run_parallel(todo, n, jobs, progress, log, tuple(plugins))
     for rec in records:
         rec.pop("summary", None)
     failed = sum(r["status"] in ("failed", "conflict") for r in records)
@@ -156,7 +161,7 @@ def _job_args(p: PlannedRun, jobs: int, quiet: bool) -> tuple:
     return cfg, p.action == "resume", p.variant, p.seed, quiet or jobs > 1
 
 
-def _run_parallel(todo: list, n: int, jobs: int, progress: _Progress, log) -> None:
+def _run_parallel(todo: list, n: int, jobs: int, progress: _Progress, log, plugins: tuple) -> None:
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -168,7 +173,7 @@ def _run_parallel(todo: list, n: int, jobs: int, progress: _Progress, log) -> No
                 while queue and len(pending) < jobs:
                     k, p, rec = queue.pop(0)
                     _start_msg(log, k, n, p)
-                    pending[pool.submit(_train_one, *_job_args(p, jobs, True))] = (k, p, rec)
+                    pending[pool.submit(_train_one, *_job_args(p, jobs, True), plugins)] = (k, p, rec)
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     k, p, rec = pending.pop(fut)
@@ -185,7 +190,7 @@ def _run_parallel(todo: list, n: int, jobs: int, progress: _Progress, log) -> No
 def _grid_report(grid: Grid, out_dir: Path, plan: list[PlannedRun], records: list[dict], seconds: float,
                  command: str, log) -> list[str]:
     """compare_runs over the finished runs (grouped by variant) + ``report/grid.md`` (what ran, status, time)."""
-    from oblr.compare import compare_runs
+    from oblr.experiments.compare import compare_runs
 
     report_dir = out_dir / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -225,64 +230,10 @@ def _grid_report(grid: Grid, out_dir: Path, plan: list[PlannedRun], records: lis
     return files + [str(path)]
 
 
-# --------------------------------------------------------------------------------------------- reports
-def find_run_dirs(paths: list[str | Path]) -> list[Path]:
-    """Run folders (holding ``metrics.jsonl``) among ``paths`` or anywhere below them, sorted, unique."""
-    found: list[Path] = []
-    for p in map(Path, paths):
-        if (p / "metrics.jsonl").is_file():
-            found.append(p)
-        elif p.is_dir():
-            below = sorted(m.parent for m in p.rglob("metrics.jsonl") if "checkpoints" not in m.parts)
-            if not below:
-                raise FileNotFoundError(f"{p}: no run folder (metrics.jsonl) in or below it")
-            found.extend(below)
-        else:
-            raise FileNotFoundError(f"{p}: not a folder")
-    out, seen = [], set()
-    for d in found:
-        if d.resolve() not in seen:
-            seen.add(d.resolve())
-            out.append(d)
-    return out
-
-
-def variant_label(run_dir: str | Path) -> str:
-    """Group label: the ``label`` a grid wrote into summary.json; for an unfinished run of a grid folder
-    (``OUT/<variant>/seed<k>`` with ``OUT/grid.yaml``) the variant folder name; else :func:`run_label`."""
-    from oblr.run_stats import run_label
-
-    d = Path(run_dir)
-    summary = d / "summary.json"
-    labelled = summary.is_file() and "label" in json.loads(summary.read_text())
-    if not labelled and (d.parent.parent / GRID_FILE).is_file() and d.name.startswith("seed"):
-        return d.parent.name
-    return run_label(d, with_seed=False)
-
-
-def build_report(paths: list[str | Path], out_dir: str | Path, *, run_plots: bool = True, log=print,
-                 **compare_kw) -> dict:
-    """Per-run plots (:func:`oblr.report.plot_run`) and the comparison (:func:`oblr.compare.compare_runs`,
-    grouped by :func:`variant_label` unless ``group_by`` is given) from run folders alone."""
-    from oblr.compare import compare_runs
-    from oblr.report import plot_run
-
-    dirs = find_run_dirs(paths)
-    unfinished = [d for d in dirs if not (d / "summary.json").is_file()]
-    if unfinished:
-        log(f"[report] {len(unfinished)} run(s) without summary.json (unfinished; included as far as they got): "
-            + ", ".join(map(str, unfinished)))
-    if run_plots:
-        for d in dirs:
-            plot_run(d)
-    compare_kw.setdefault("group_by", variant_label)
-    res = compare_runs(dirs, out_dir, **compare_kw)
-    log(f"[report] {len(dirs)} runs in {len(res['groups'])} groups -> {out_dir}")
-    return res
-
-
 # ------------------------------------------------------------------------------------------------- CLI
 def register_cli(sub) -> None:
+    from oblr.plugins import add_plugin_option
+
     p = sub.add_parser("compare", help="run a grid of (variant x seed) runs, reusing finished ones, and compare them",
                        description="Run every (variant, seed) of a grid file into OUT/<variant>/seed<k>/ "
                                    "(finished runs are reused, interrupted ones resumed), then write tables and "
@@ -293,6 +244,7 @@ def register_cli(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan (reuse/resume/start per run), run nothing")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once (processes); default 1")
     p.add_argument("--verbose", action="store_true", help="show each run's own progress display (jobs=1)")
+    add_plugin_option(p)
     p.set_defaults(func=_cmd_compare)
 
     r = sub.add_parser("report", help="tables and plots from run folders (or grid output folders)",
@@ -306,7 +258,7 @@ def register_cli(sub) -> None:
     r.add_argument("--no-run-plots", action="store_true", help="only the comparison, not each run's plots")
     r.set_defaults(func=_cmd_report)
 
-    from oblr.proxy_study import register_cli as register_proxy_cli
+    from oblr.experiments.proxy_study import register_cli as register_proxy_cli
 
     register_proxy_cli(sub)
 
@@ -316,7 +268,7 @@ def _cmd_compare(args) -> int:
     out = args.out or grid.out or str(Path("runs") / Path(args.config).stem)
     command = "oblr " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
     res = run_grid(grid, out, overrides=list(args.overrides), jobs=args.jobs, dry_run=args.dry_run,
-                   quiet_runs=not args.verbose, command=command)
+                   quiet_runs=not args.verbose, command=command, plugins=tuple(args.plugin))
     return 1 if res["failed"] else 0
 
 
@@ -329,5 +281,7 @@ def _cmd_report(args) -> int:
         out = Path("oblr-report")
     kw = {k: v for k, v in (("target", args.target), ("accuracy_key", args.accuracy_key),
                             ("group_by", args.group_by)) if v is not None}
+    from oblr.experiments.report import build_report
+
     build_report(args.paths, out, run_plots=not args.no_run_plots, **kw)
     return 0

@@ -1,34 +1,26 @@
-"""Plots and summaries of run folders (``run_dir/metrics.jsonl``), and multi-seed comparisons.
+"""Reports from run folders: the figures of one run, and ``oblr report`` over many.
 
-- :func:`plot_run` -- PNG figures of one run into ``run_dir/plots/``;
-- :func:`summarize_run` -- headline numbers of one run as a JSON-able dict;
-- :func:`compare_runs`, :func:`run_label` -- tables and seed-band plots over many runs (:mod:`oblr.compare`).
+- :func:`plot_run` -- PNG figures of one run into ``run_dir/plots/`` (the trainer calls it at the end);
+- :func:`find_run_dirs`, :func:`variant_label`, :func:`build_report` -- per-run plots plus the comparison
+  of :func:`oblr.experiments.compare.compare_runs` (tables and seed bands) from run folders alone.
 
-Every figure and number is computed from the metric file; a key that a run did not log is skipped,
-never an error. Statistic definitions are in :mod:`oblr.run_stats`.
+Every figure is computed from the metric file; a key that a run did not log is skipped, never an error.
+Per-run statistics are :func:`oblr.experiments.compare.run_stats`, built on :mod:`oblr.experiments.stats`.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import os
 from pathlib import Path
 
 import numpy as np
 
-from oblr.plotting import PALETTE, Panel, log_scale_ok, new_figure, prepare_log, save_png
-from oblr.run_stats import (
-    auc_normalized,
-    best,
-    finite_series,
-    last_finite,
-    load_run,
-    run_label,
-    series,
-    spike_count,
-)
+from oblr.experiments.grid import GRID_FILE
+from oblr.experiments.stats import load_run, run_label, series
+from oblr.tracking.plots import PALETTE, Panel, log_scale_ok, new_figure, prepare_log, save_png
 
-__all__ = ["RUN_PLOTS", "compare_runs", "plot_run", "run_label", "summarize_run"]
+__all__ = ["RUN_PLOTS", "build_report", "find_run_dirs", "plot_run", "variant_label"]
 
 # name -> (title, panels). Keys follow docs/architecture.md.
 RUN_PLOTS: dict[str, tuple[str, tuple[Panel, ...]]] = {
@@ -122,51 +114,53 @@ def plot_run(run_dir: str | os.PathLike, *, out_dir: str | os.PathLike | None = 
     return written
 
 
-def _none_if_nan(v: float | None):
-    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
-
-
-def summarize_run(run_dir: str | os.PathLike, *, spike_factor: float = 3.0, spike_window: int = 20) -> dict:
-    """Headline numbers of one run (JSON-able; None where a metric was not logged).
-
-    ``final_/best_/auc_accuracy_{sampled,greedy}`` (eval/accuracy_*; auc = time-averaged accuracy),
-    ``best_step_*``; ``final_reward`` = mean ``train/reward_mean`` over the last 10% of its points;
-    ``grad_norm_mean/max`` over finite values, ``grad_norm_spikes`` (see :func:`oblr.run_stats.spike_count`),
-    ``nonfinite_grad_norms``, ``skipped_steps`` (sum of ``optim/skipped``), ``adv_var_mean``,
-    ``weights_cv_mean``, ``snr_mean``, ``final_lr``, ``time_per_step_mean``, ``wall_time`` (seconds between
-    the first and last line).
-    """
-    run_dir = Path(run_dir)
-    rows = load_run(run_dir)
-    out: dict = {"run_dir": str(run_dir), "label": run_label(run_dir), "steps": len(rows),
-                 "first_step": rows[0]["step"] if rows else None, "last_step": rows[-1]["step"] if rows else None}
-    for kind in ("sampled", "greedy"):
-        s, v = series(rows, f"eval/accuracy_{kind}")
-        b, b_step = best(s, v)
-        out[f"final_accuracy_{kind}"] = _none_if_nan(last_finite(v))
-        out[f"best_accuracy_{kind}"] = _none_if_nan(b)
-        out[f"best_step_{kind}"] = b_step
-        out[f"auc_accuracy_{kind}"] = _none_if_nan(auc_normalized(s, v))
-    _, reward = finite_series(rows, "train/reward_mean")
-    tail = reward[-max(1, math.ceil(0.1 * reward.size)):] if reward.size else reward
-    out["final_reward"] = _none_if_nan(float(tail.mean())) if tail.size else None
-    _, g_all = series(rows, "optim/grad_norm")
-    g = g_all[np.isfinite(g_all)]
-    out["grad_norm_mean"] = float(g.mean()) if g.size else None
-    out["grad_norm_max"] = float(g.max()) if g.size else None
-    out["grad_norm_spikes"] = spike_count(g, spike_factor, spike_window) if g.size else None
-    out["nonfinite_grad_norms"] = int((~np.isfinite(g_all)).sum()) if g_all.size else None
-    _, skipped = finite_series(rows, "optim/skipped")
-    out["skipped_steps"] = int(skipped.sum()) if skipped.size else None
-    for name, key in (("adv_var_mean", "adv/var_across_prompts"), ("weights_cv_mean", "weights/cv_within_group"),
-                      ("snr_mean", "snr/snr"), ("time_per_step_mean", "time/step")):
-        _, v = finite_series(rows, key)
-        out[name] = float(v.mean()) if v.size else None
-    _, lr = finite_series(rows, "optim/lr")
-    out["final_lr"] = float(lr[-1]) if lr.size else None
-    times = [r["time"] for r in rows if isinstance(r.get("time"), (int, float))]
-    out["wall_time"] = float(max(times) - min(times)) if times else None
+def find_run_dirs(paths: list[str | Path]) -> list[Path]:
+    """Run folders (holding ``metrics.jsonl``) among ``paths`` or anywhere below them, sorted, unique."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if (p / "metrics.jsonl").is_file():
+            found.append(p)
+        elif p.is_dir():
+            below = sorted(m.parent for m in p.rglob("metrics.jsonl") if "checkpoints" not in m.parts)
+            if not below:
+                raise FileNotFoundError(f"{p}: no run folder (metrics.jsonl) in or below it")
+            found.extend(below)
+        else:
+            raise FileNotFoundError(f"{p}: not a folder")
+    out, seen = [], set()
+    for d in found:
+        if d.resolve() not in seen:
+            seen.add(d.resolve())
+            out.append(d)
     return out
 
 
-from oblr.compare import compare_runs
+def variant_label(run_dir: str | Path) -> str:
+    """Group label: the ``label`` a grid wrote into summary.json; for an unfinished run of a grid folder
+    (``OUT/<variant>/seed<k>`` with ``OUT/grid.yaml``) the variant folder name; else :func:`run_label`."""
+    d = Path(run_dir)
+    summary = d / "summary.json"
+    labelled = summary.is_file() and "label" in json.loads(summary.read_text())
+    if not labelled and (d.parent.parent / GRID_FILE).is_file() and d.name.startswith("seed"):
+        return d.parent.name
+    return run_label(d, with_seed=False)
+
+
+def build_report(paths: list[str | Path], out_dir: str | Path, *, run_plots: bool = True, log=print,
+                 **compare_kw) -> dict:
+    """Per-run plots (:func:`plot_run`) and the comparison (:func:`oblr.experiments.compare.compare_runs`,
+    grouped by :func:`variant_label` unless ``group_by`` is given) from run folders alone."""
+    from oblr.experiments.compare import compare_runs
+
+    dirs = find_run_dirs(paths)
+    unfinished = [d for d in dirs if not (d / "summary.json").is_file()]
+    if unfinished:
+        log(f"[report] {len(unfinished)} run(s) without summary.json (unfinished; included as far as they got): "
+            + ", ".join(map(str, unfinished)))
+    if run_plots:
+        for d in dirs:
+            plot_run(d)
+    compare_kw.setdefault("group_by", variant_label)
+    res = compare_runs(dirs, out_dir, **compare_kw)
+    log(f"[report] {len(dirs)} runs in {len(res['groups'])} groups -> {out_dir}")
+    return res

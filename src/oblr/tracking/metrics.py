@@ -1,9 +1,9 @@
-"""Metric sinks: ``metrics.jsonl`` always, TensorBoard and Weights & Biases when asked.
+"""Metric sinks of a run: ``metrics.jsonl`` always, TensorBoard and Weights & Biases when asked.
 
 File format (``run_dir/metrics.jsonl``): one strict-JSON object per line,
 ``{"step": int, "time": unix_seconds, "<namespace>/<key>": value, ...}`` (keys in docs/architecture.md).
 Several lines may share a step (e.g. train metrics, then eval metrics of the same step); readers merge
-them (:func:`oblr.report.merge_by_step`). Steps never decrease within a file.
+them (:func:`oblr.experiments.stats.merge_by_step`). Steps never decrease within a file.
 
 Non-finite floats. JSON has no NaN/Infinity, so a non-finite value is written as ``null`` and its
 kind is recorded in a ``"_nonfinite": {"<key>": "nan" | "inf" | "-inf"}`` entry on the same line (present
@@ -29,14 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from oblr.progress import ProgressDisplay, progress
-
 METRICS_FILE = "metrics.jsonl"
 NONFINITE_KEY = "_nonfinite"
 _RESERVED = ("step", "time", NONFINITE_KEY)
 _WANDB_MODES = ("offline", "online", "disabled")
 
-__all__ = ["METRICS_FILE", "MetricsLogger", "ProgressDisplay", "metrics_path", "progress", "read_metrics"]
+__all__ = ["METRICS_FILE", "MetricsLogger", "metrics_path", "read_metrics", "to_json_record"]
 
 
 def metrics_path(path_or_run_dir: str | os.PathLike) -> Path:

@@ -33,6 +33,8 @@ from typing import Any
 import yaml
 
 from oblr.config import Config, ConfigError, apply_overrides, config_from_dict
+from oblr.train.checkpoint import latest_checkpoint
+from oblr.train.run_dir import RESUMABLE_CHANGES, config_diff, flatten
 
 GRID_KEYS = ("base", "runs", "seeds", "out", "report", "description")
 REPORT_KEYS = ("target", "accuracy_key", "spike_factor", "spike_window")
@@ -72,17 +74,6 @@ class PlannedRun:
     @property
     def name(self) -> str:
         return f"{self.variant} seed={self.seed}"
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    """Nested config dict -> ``{"section.key": value}`` (dict-valued leaves such as options kept whole)."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and not prefix:
-            out.update(flatten(v, f"{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def set_dotted(data: dict, key: str, value: Any, where: str) -> None:
@@ -197,29 +188,16 @@ def build_config(grid: Grid, variant: Variant, seed: int, out_dir: Path, overrid
         raise ConfigError(f"{where}: {e}") from None
 
 
-def config_diff(saved_yaml: Path, cfg: Config) -> list[str] | None:
-    """Keys whose values differ between ``saved_yaml`` and ``cfg`` (ignoring :data:`IGNORED_FOR_MATCH`);
-    None when the saved file cannot be read as a config."""
-    try:
-        saved = flatten(config_from_dict(yaml.safe_load(saved_yaml.read_text())).to_dict())
-    except (ConfigError, yaml.YAMLError, OSError):
-        return None
-    now = flatten(cfg.to_dict())
-    keys = sorted(set(saved) | set(now))
-    return [k for k in keys if k not in IGNORED_FOR_MATCH and saved.get(k) != now.get(k)]
-
-
 def decide(run_dir: Path, cfg: Config) -> tuple[str, str]:
     """``(action, reason)`` for one run folder; see the module docstring."""
-    from oblr.checkpoint import latest_checkpoint
-    from oblr.trainer import RESUMABLE_CHANGES
-
     has_summary = (run_dir / "summary.json").is_file()
     has_ckpt = latest_checkpoint(run_dir) is not None
     has_cfg = (run_dir / "config.yaml").is_file()
     if not (has_summary or has_ckpt or has_cfg or (run_dir / "metrics.jsonl").exists()):
         return "start", ""
     diff = config_diff(run_dir / "config.yaml", cfg) if has_cfg else None
+    if diff is not None:
+        diff = [k for k in diff if k not in IGNORED_FOR_MATCH]
     if diff is None:
         return "conflict", f"{run_dir} holds files but no readable config.yaml; move it away or use another --out"
     hard = [k for k in diff if k not in RESUMABLE_CHANGES]
@@ -253,8 +231,6 @@ def plan_grid(grid: Grid, out_dir: str | Path, overrides: list[str] = ()) -> lis
 
 def clear_partial(run_dir: Path) -> None:
     """Remove a run folder that has neither summary nor checkpoint (nothing to resume from)."""
-    from oblr.checkpoint import latest_checkpoint
-
     if (run_dir / "summary.json").exists() or latest_checkpoint(run_dir) is not None:
         raise RuntimeError(f"refusing to clear {run_dir}: it holds a summary or a checkpoint")
     if run_dir.exists():

@@ -1,0 +1,183 @@
+"""oblr.update on its own: every path against one-prompt-at-a-time autograd references, KL inside g_k,
+one meaning per metric on the book-keeping, plain and micro-batch paths."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import tiny_qwen3
+from gradnorm_helpers import make_batch
+
+from oblr.config import AlgorithmConfig, load_config
+from oblr.estimators import compute_advantages
+from oblr.logprobs import token_logprobs
+from oblr.losses import sequence_kl, sequence_scale
+from oblr.snr import signal_noise
+from oblr.update import (
+    DERIVED,
+    UpdateSettings,
+    accumulate_clipped_gradient,
+    accumulate_policy_gradient,
+)
+
+N, G = 3, 4
+MAX_LEN = 7
+
+
+def _batch(vocab: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(2, 5, (N,), generator=gen).repeat_interleave(G).tolist()
+    resps = torch.randint(1, MAX_LEN + 1, (N * G,), generator=gen).tolist()
+    ids, am, rm = make_batch(vocab, prompts, resps, seed=seed)
+    batch = SimpleNamespace(input_ids=ids, attention_mask=am, response_mask=rm,
+                            response_lengths=rm.sum(-1), group_ids=torch.arange(N).repeat_interleave(G))
+    rewards = (torch.rand(N, G, generator=gen) < 0.5).float()
+    rewards[:, 0], rewards[:, 1] = 1.0, 0.0  # every group carries signal
+    return batch, rewards
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_qwen3(seed=3).train()
+    ref = copy.deepcopy(tiny_qwen3(seed=4)).eval().requires_grad_(False)  # a reference unlike the policy
+    batch, rewards = _batch(model.config.vocab_size)
+    return model, ref, batch, rewards
+
+
+def _params(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _run(model, batch, rewards, ref=None, **kw):
+    for p in model.parameters():
+        p.grad = None
+    settings = UpdateSettings(**{"aggregation": "seq_sum_const", "max_len": MAX_LEN, **kw})
+    res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=ref)
+    return res, [p.grad.clone() for p in _params(model)]
+
+
+def _close(a, b, rtol=2e-4):
+    return all(torch.allclose(x, y, rtol=rtol, atol=rtol * float(y.abs().max()) + 1e-12) for x, y in zip(a, b))
+
+
+def _reference(model, batch, advantages, ref=None, kl_coef=0.0):
+    """One prompt at a time with autograd: g_k = N grad sum_{i in k} obj_i, obj_i = coeff_i l_i + kl_coef c_i KL_i."""
+    c = sequence_scale(batch.response_mask.float(), "seq_sum_const", max_len=MAX_LEN)
+    coeffs = -advantages.reshape(-1) * c
+    params = _params(model)
+    gks, loss = [], 0.0
+    for k in range(N):
+        rows = slice(k * G, (k + 1) * G)
+        rm = batch.response_mask[rows].float()
+        tok = token_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows])
+        obj = coeffs[rows] * (tok * rm).sum(-1)
+        if kl_coef:
+            ref_tok = token_logprobs(ref, batch.input_ids[rows], batch.attention_mask[rows]).detach()
+            obj = obj + kl_coef * c[rows] * sequence_kl(tok, ref_tok, rm)
+        loss += float(obj.detach().sum())
+        gks.append([N * g for g in torch.autograd.grad(obj.sum(), params)])
+    gbar = [sum(g[j] for g in gks) / N for j in range(len(params))]
+    sq = torch.stack([sum(x.pow(2).sum() for x in g) for g in gks])
+    return gbar, sq, loss
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])
+@pytest.mark.parametrize("baseline", ["oblr", "grpo"])
+def test_book_keeping_path_matches_one_prompt_at_a_time_reference(setup, baseline, kl_coef):
+    model, ref, batch, rewards = setup
+    res, grad = _run(model, batch, rewards, ref if kl_coef else None, baseline=baseline, kl_coef=kl_coef)
+    gbar, sq, loss = _reference(model, batch, res.advantages, ref, kl_coef)
+    assert _close(grad, gbar)
+    assert torch.allclose(res.per_prompt_sq_norms, sq, rtol=2e-4)
+    S, V, _ = signal_noise(sq.double(), sum(g.double().pow(2).sum() for g in gbar), N)
+    assert float(res.snr.V) >= 0  # S and V describe the same vectors as the update (the KL term is in g_k)
+    assert float(res.snr.V) == pytest.approx(float(V), rel=2e-3, abs=1e-12)
+    assert float(res.snr.S) == pytest.approx(float(S), rel=2e-3, abs=1e-12)
+    assert float(res.metrics["optim/loss"]) == pytest.approx(loss, rel=1e-5, abs=1e-9)
+    assert ("actor/kl" in res.metrics) == bool(kl_coef)
+    assert (res.ref_logprobs is not None) == bool(kl_coef)
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])
+def test_plain_path_and_micro_batches_mean_the_same_as_the_whole_batch(setup, kl_coef):
+    """optim/loss and every other metric are the same quantity on the book-keeping path (whole batch and
+    micro-batches) and the plain path."""
+    model, ref, batch, rewards = setup
+    r = ref if kl_coef else None
+    whole, g_whole = _run(model, batch, rewards, r, baseline="grpo", kl_coef=kl_coef)
+    plain, g_plain = _run(model, batch, rewards, r, baseline="grpo", kl_coef=kl_coef, need_snr=False)
+    micro, g_micro = _run(model, batch, rewards, r, baseline="grpo", kl_coef=kl_coef, micro_batch_groups=2)
+    assert plain.per_prompt_sq_norms is None and plain.snr is None
+    assert torch.allclose(micro.per_prompt_sq_norms, whole.per_prompt_sq_norms, rtol=2e-4)
+    for res, grad in ((plain, g_plain), (micro, g_micro)):
+        assert _close(grad, g_whole)
+        assert set(res.metrics) == set(whole.metrics)
+        for k, v in whole.metrics.items():
+            assert float(res.metrics[k]) == pytest.approx(float(v), rel=1e-5, abs=1e-9), k
+        assert torch.equal(res.advantages, whole.advantages)
+
+
+def test_micro_batch_metrics_are_whole_batch_statistics(setup):
+    """Spreads (std, var, max) over a batch assembled from micro-batches are the whole batch's, not an
+    average of the micro-batches' spreads."""
+    model, _, batch, rewards = setup
+    whole, _ = _run(model, batch, rewards, baseline="oblr")
+    micro, _ = _run(model, batch, rewards, baseline="oblr", micro_batch_groups=1)
+    for k in ("adv/std", "adv/var_across_prompts", "baseline/std_across_prompts", "weights/std",
+              "weights/max_over_mean", "weights/cv_within_group"):
+        assert float(micro.metrics[k]) == pytest.approx(float(whole.metrics[k]), rel=1e-5), k
+    _, m = compute_advantages("oblr", rewards, weights=torch.rand(N, G), return_metrics=True)
+    assert set(m) <= set(whole.metrics)
+
+
+def test_loop_norms_method_matches_the_one_backward_methods(setup):
+    model, ref, batch, rewards = setup
+    auto, g_auto = _run(model, batch, rewards, ref, baseline="oblr", kl_coef=0.3)
+    for method in ("loop", "ghost", "materialize"):
+        res, g = _run(model, batch, rewards, ref, baseline="oblr", kl_coef=0.3, norms_method=method)
+        assert _close(g, g_auto), method
+        assert torch.allclose(res.per_prompt_sq_norms, auto.per_prompt_sq_norms, rtol=2e-4), method
+        assert torch.allclose(res.advantages, auto.advantages, rtol=1e-4, atol=1e-6), method
+
+
+def test_kl_needs_a_reference(setup):
+    model, _, batch, rewards = setup
+    with pytest.raises(ValueError, match="needs ref_model"):
+        _run(model, batch, rewards, baseline="rloo", kl_coef=0.1)
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])
+def test_later_epoch_is_the_clipped_loss_and_merges_micro_batch_metrics(setup, kl_coef):
+    model, ref, batch, rewards = setup
+    r = ref if kl_coef else None
+    first, _ = _run(model, batch, rewards, r, baseline="rloo", kl_coef=kl_coef)
+    out = {}
+    for mb in (0, 1):
+        settings = UpdateSettings(baseline="rloo", max_len=MAX_LEN, kl_coef=kl_coef, micro_batch_groups=mb)
+        for p in model.parameters():
+            p.grad = None
+        out[mb] = (accumulate_clipped_gradient(model, batch, first, settings), [p.grad.clone() for p in _params(model)])
+    (m0, g0), (m1, g1) = out[0], out[1]
+    assert _close(g1, g0)
+    assert set(m0) == set(m1) == {"actor/clip_frac", "actor/ratio_mean", "actor/pg_loss"} | (
+        {"actor/kl"} if kl_coef else set())
+    for k in m0:
+        assert float(m1[k]) == pytest.approx(float(m0[k]), rel=1e-5, abs=1e-9), k
+    # on the rollout policy itself the ratio is 1 and the clipped loss has the first update's gradient
+    _, g_first = _run(model, batch, rewards, r, baseline="rloo", kl_coef=kl_coef)
+    assert _close(g0, g_first) and float(m0["actor/ratio_mean"]) == pytest.approx(1.0)
+
+
+def test_settings_are_derived_from_the_config():
+    names = {f.name for f in dataclasses.fields(UpdateSettings)}
+    assert names - DERIVED <= {f.name for f in dataclasses.fields(AlgorithmConfig)}
+    cfg = load_config(None, ["algorithm.baseline=rloo", "algorithm.kl_coef=0.2", "algorithm.micro_batch_groups=2",
+                             "algorithm.baseline_options={}", "rollout.max_new_tokens=12", "algorithm.track_snr=true"])
+    s = UpdateSettings.from_config(cfg, schedule_needs_snr=False)
+    assert (s.baseline, s.kl_coef, s.micro_batch_groups, s.max_len, s.need_snr) == ("rloo", 0.2, 2, 12, True)
+    assert not UpdateSettings.from_config(load_config(None, ["algorithm.lr_schedule=constant"]),
+                                          schedule_needs_snr=False).need_snr
