@@ -10,7 +10,7 @@ divided by the sampling temperature, the distribution the completions were drawn
 - ``coeffs_i = -A_i c_i`` (d loss / d l_i) and, from the same records, either the weighted gradient
   ``sum_i coeffs_i s_i`` added into ``.grad`` (``assemble_grad``: the folded backward, no second pass) and/or
   the per-prompt squared norms ``||g_k||^2`` with ``g_k = N sum_{i in k} coeffs_i s_i`` (N = prompts over
-  all processes), so that ``mean_k g_k`` is the full gradient and :func:`oblr.snr.signal_noise` applies.
+  all processes), so that ``mean_k g_k`` is the full gradient and :func:`oblr.snr.snr_statistics` applies.
 
 Nothing here knows about TRL or torch.distributed: the trainer feeds tensors in and reduces the results.
 """

@@ -27,9 +27,8 @@ import torch
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
-from oblr.distributed import all_reduce_sum
 from oblr.gradnorm import BookKeeper
-from oblr.snr import SNRLearningRate, signal_noise
+from oblr.snr import SNRLearningRate, snr_statistics
 
 from .config import OBLRGRPOConfig
 from .round import RoundInputs, RoundSettings, run_round
@@ -111,9 +110,10 @@ class OBLRGRPOTrainer(GRPOTrainer):
         """S, V, SNR from the pending per-prompt norms and ``||gbar||^2``; set the lr of every param group."""
         sum_gk, n = self._oblr_pending
         self._oblr_pending = None
-        S, V, snr = signal_noise(sum_gk.double(), gbar_sq.double(), n)
-        lr = self._oblr_controller.step(S, V, n)[0]
-        for k, v in (("S", S), ("V", V), ("snr", snr), ("lr", lr), ("grad_norm", gbar_sq.double().sqrt())):
+        st = snr_statistics(sum_gk.double(), gbar_sq.double(), n)
+        lr = self._oblr_controller.step(st.S, st.V, n)[0]
+        for k, v in (("S", st.S), ("V", st.V), ("snr", st.snr), ("signal", st.signal), ("lr", lr),
+                     ("grad_norm", gbar_sq.double().sqrt())):
             self._metrics["train"][f"oblr/{k}"].append(float(v))
 
     def _oblr_lr_from_deepspeed(self) -> None:
@@ -184,7 +184,7 @@ class OBLRGRPOTrainer(GRPOTrainer):
                                                                          device=w.device),
             res.entropy_sum.double(), batch.response_mask.double().sum(),
         ])
-        all_reduce_sum(stats)
+        stats = self.accelerator.reduce(stats, reduction="sum")  # identity on one process
         if self._oblr_fold:
             self._oblr_sync_grads()
         if self.args.oblr_snr_lr:
@@ -214,7 +214,7 @@ class OBLRGRPOTrainer(GRPOTrainer):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1).to(torch.float32) for p in params])
-        all_reduce_sum(flat)
+        flat = self.accelerator.reduce(flat, reduction="sum")
         i = 0
         for p in params:
             n = p.numel()
