@@ -36,6 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-problems", type=int, default=100, help="held-out problems (x4 samples); 0 = skip")
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (peft) instead of all weights")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
+    p.add_argument("--vllm", choices=["colocate", "server"], default=None,
+                   help="generate with vLLM (GPU; needs vllm installed; see docs/trl.md)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per process on CPU")
     return p.parse_args(argv)
@@ -62,7 +64,8 @@ def main(argv=None) -> dict:
         max_completion_length=a.max_completion_length, temperature=a.temperature, learning_rate=a.lr,
         oblr_baseline=a.baseline, oblr_snr_lr=not a.no_snr_lr, max_steps=a.max_steps, logging_steps=1,
         save_strategy="no", report_to=[], seed=a.seed, bf16=a.bf16, use_cpu=cpu, disable_tqdm=True,
-        ddp_backend="gloo" if cpu and world > 1 else None)
+        ddp_backend="gloo" if cpu and world > 1 else None,
+        **(dict(use_vllm=True, vllm_mode=a.vllm) if a.vllm else {}))
     model, tokenizer = load_model_and_tokenizer(a.model)
     task = get_task("arithmetic", seed=a.seed)
     peft_config = None
