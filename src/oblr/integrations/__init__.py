@@ -1,0 +1,7 @@
+"""Adapters that put OBLR-PO inside other RL frameworks.
+
+- :mod:`oblr.integrations.trl` -- ``OBLRGRPOConfig`` / ``OBLRGRPOTrainer``, drop-in subclasses of TRL's
+  ``GRPOConfig`` / ``GRPOTrainer`` (install with ``pip install "oblr[trl]"``; see docs/trl.md).
+
+Nothing is imported here, so ``import oblr.integrations`` never needs an optional framework.
+"""

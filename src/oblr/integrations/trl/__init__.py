@@ -1,0 +1,26 @@
+"""OBLR-PO inside TRL: ``OBLRGRPOConfig`` and ``OBLRGRPOTrainer``, drop-in for ``GRPOConfig``/``GRPOTrainer``.
+
+::
+
+    from oblr.integrations.trl import OBLRGRPOConfig, OBLRGRPOTrainer
+    args = OBLRGRPOConfig(output_dir="out", per_device_train_batch_size=16, num_generations=8, learning_rate=1e-4)
+    OBLRGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds).train()
+
+- :mod:`.config` -- the config, its added fields and the refused settings (``RULES``);
+- :mod:`.round` -- one generation batch through the book-keeping engine (exact w_i, advantages, gradient, norms);
+- :mod:`.trainer` -- the trainer (folded backward without DeepSpeed, TRL's backward with it; the SNR lr).
+
+Needs ``pip install "oblr[trl]"`` (a pinned TRL); see docs/trl.md.
+"""
+
+try:
+    import trl  # noqa: F401
+except ModuleNotFoundError as e:  # pragma: no cover - depends on the environment
+    if e.name != "trl":
+        raise
+    raise ModuleNotFoundError('oblr.integrations.trl needs TRL: pip install "oblr[trl]"', name="trl") from None
+
+from .config import RULES, OBLRGRPOConfig, refusal
+from .trainer import OBLRGRPOTrainer
+
+__all__ = ["RULES", "OBLRGRPOConfig", "OBLRGRPOTrainer", "refusal"]

@@ -1,0 +1,173 @@
+"""``OBLRGRPOConfig``: TRL's ``GRPOConfig`` plus the OBLR-PO options, with the settings that would bias it refused.
+
+Added fields (everything else is TRL's, used exactly as in ``GRPOConfig``):
+
+- ``oblr_baseline`` (default ``"oblr"``): any name in :func:`oblr.estimators.available_estimators`;
+- ``oblr_snr_lr`` (default True): set the learning rate every optimizer step by the gradient SNR,
+  ``lr = learning_rate * S / (S + V/N)`` (``learning_rate`` is eta_max), :class:`oblr.snr.SNRLearningRate`;
+- ``oblr_eta_min`` (default 0) and ``oblr_snr_ema`` (default 0.9): the lr floor and the EMA factor on S and V.
+
+Defaults that differ from ``GRPOConfig`` are the compatible values (``loss_type="dr_grpo"``,
+``scale_rewards="none"``, ``gradient_checkpointing=False``, ``lr_scheduler_type="constant"``,
+``router_aux_loss_coef=0.0``), so ``OBLRGRPOConfig(output_dir=..., per_device_train_batch_size=...,
+num_generations=...)`` works as it stands. A value that would make the estimator biased or S and V wrong
+(:data:`RULES`, read from TRL 1.16's ``GRPOConfig``/``GRPOTrainer``; docs/trl.md explains each) is refused
+in ``__post_init__`` with one line naming the setting and the value to use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from oblr.estimators import available_estimators
+
+#: generation_kwargs keys that change the distribution the completions are sampled from
+SAMPLING_KEYS = frozenset({
+    "temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
+    "encoder_repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens",
+    "begin_suppress_tokens", "sequence_bias", "do_sample", "num_beams", "num_beam_groups", "diversity_penalty",
+    "penalty_alpha", "guidance_scale", "logits_processor", "renormalize_logits", "forced_bos_token_id",
+    "forced_eos_token_id", "min_new_tokens", "min_length", "exponential_decay_length_penalty", "top_h",
+    "presence_penalty", "frequency_penalty", "min_tokens", "logit_bias", "allowed_token_ids", "bad_words",
+})
+
+_OFF_POLICY = "the score is taken from the full tempered distribution, so the completions are scored off-policy"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One refused setting: ``ok(cfg)`` is False for a value that would bias the estimator or S and V."""
+
+    setting: str
+    ok: Callable[[GRPOConfig], bool]
+    use: str
+    why: str
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("loss_type", lambda c: c.loss_type == "dr_grpo", "loss_type='dr_grpo'",
+         "only dr_grpo divides the loss by a constant (batch x max_completion_length); grpo, bnpo, dapo and "
+         "cispo divide by sampled lengths or token counts and sapo, luspo, vespo change the objective, which "
+         "biases the estimator and the per-sequence weights"),
+    Rule("max_completion_length", lambda c: c.max_completion_length is not None,
+         "an integer max_completion_length", "it is the constant of the dr_grpo normalisation"),
+    Rule("scale_rewards", lambda c: c.scale_rewards == "none", "scale_rewards='none' (oblr_baseline='grpo' "
+         "compares with GRPO's std-scaled advantage)", "dividing advantages by a reward std biases the "
+         "estimator; the advantage is formed by oblr_baseline"),
+    Rule("multi_objective_aggregation", lambda c: c.multi_objective_aggregation == "sum_then_normalize",
+         "multi_objective_aggregation='sum_then_normalize'",
+         "normalize_then_sum scales each reward function by its group std"),
+    Rule("beta", lambda c: c.beta == 0.0, "beta=0.0",
+         "the KL term's gradient is not part of the per-prompt gradients S and V are computed from"),
+    Rule("num_iterations", lambda c: c.num_iterations == 1, "num_iterations=1",
+         "later iterations reuse the batch off-policy (importance ratios, clipping), while w_i, the baseline "
+         "and S, V describe the on-policy gradient"),
+    Rule("steps_per_generation", lambda c: c.steps_per_generation == c.gradient_accumulation_steps,
+         "steps_per_generation=None and generation_batch_size=None (one generation batch per optimizer step)",
+         "with more steps per generation batch, groups are split across optimizer steps and later steps are "
+         "off-policy"),
+    Rule("per_device_train_batch_size",
+         lambda c: c.per_device_train_batch_size * c.steps_per_generation % c.num_generations == 0,
+         "per_device_train_batch_size x gradient_accumulation_steps a multiple of num_generations",
+         "each process gets per_device_train_batch_size x steps_per_generation completions of the generation "
+         "batch, and a group of num_generations completions must not be split across processes"),
+    Rule("mask_truncated_completions", lambda c: not c.mask_truncated_completions,
+         "mask_truncated_completions=False", "dropping completions by their own outcome biases the estimator"),
+    Rule("top_entropy_quantile", lambda c: c.top_entropy_quantile == 1.0, "top_entropy_quantile=1.0",
+         "masking tokens by entropy makes a sequence's gradient something other than c_i A_i s_i"),
+    Rule("entropy_coef", lambda c: c.entropy_coef == 0.0, "entropy_coef=0.0",
+         "the entropy bonus's gradient is not part of the estimator S and V describe"),
+    Rule("use_adaptive_entropy", lambda c: not c.use_adaptive_entropy, "use_adaptive_entropy=False",
+         "the entropy bonus's gradient is not part of the estimator S and V describe"),
+    Rule("off_policy_mask_threshold", lambda c: c.off_policy_mask_threshold is None,
+         "off_policy_mask_threshold=None", "masking sequences by advantage and KL is an outcome-dependent selection"),
+    Rule("delta", lambda c: c.delta is None or c.delta > 1.0, "delta=None (or > 1)",
+         "delta <= 1 clips the on-policy ratio 1 and zeroes the gradient"),
+    Rule("top_p", lambda c: c.top_p == 1.0, "top_p=1.0", "nucleus sampling draws from a truncated distribution; "
+         + _OFF_POLICY),
+    Rule("top_k", lambda c: not c.top_k, "top_k=0", "top-k sampling draws from a truncated distribution; "
+         + _OFF_POLICY),
+    Rule("min_p", lambda c: c.min_p is None, "min_p=None", "min-p sampling draws from a truncated distribution; "
+         + _OFF_POLICY),
+    Rule("repetition_penalty", lambda c: c.repetition_penalty == 1.0, "repetition_penalty=1.0",
+         "the penalty changes the sampling distribution; " + _OFF_POLICY),
+    Rule("generation_kwargs", lambda c: not (set(c.generation_kwargs or {}) & SAMPLING_KEYS),
+         "generation_kwargs without sampling keys (use temperature=...)",
+         "these keys change the sampling distribution; " + _OFF_POLICY),
+    Rule("vllm_importance_sampling_mode",
+         lambda c: not (c.use_vllm and c.vllm_importance_sampling_correction)
+         or c.vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate"),
+         "vllm_importance_sampling_mode='sequence_mask' or 'sequence_truncate'",
+         "token-level ratios weight the tokens of a sequence differently, so its gradient is no longer a "
+         "multiple of its score s_i"),
+    Rule("gradient_checkpointing", lambda c: not c.gradient_checkpointing, "gradient_checkpointing=False",
+         "the norm pass keeps every layer's input anyway and does not support recomputed layers"),
+    Rule("fp16", lambda c: not c.fp16, "bf16=True or float32",
+         "oblr writes unscaled gradients, which fp16 loss scaling would divide again"),
+    Rule("torch_compile", lambda c: not c.torch_compile, "torch_compile=False",
+         "the per-layer hooks of the norm pass are not verified under torch.compile"),
+    Rule("router_aux_loss_coef", lambda c: not c.router_aux_loss_coef, "router_aux_loss_coef=0.0",
+         "the MoE load-balancing loss's gradient is not part of the estimator S and V describe"),
+    Rule("parallelism_config", lambda c: c.parallelism_config is None, "parallelism_config=None",
+         "tensor/context-parallel layers have no per-sequence gradient-norm rule"),
+    Rule("fsdp", lambda c: not c.fsdp, "DeepSpeed ZeRO-3 instead of FSDP",
+         "the norm pass needs whole layers, which FSDP shards"),
+    Rule("lr_scheduler_type", lambda c: not c.oblr_snr_lr or str(getattr(c.lr_scheduler_type, "value",
+                                                                         c.lr_scheduler_type)) == "constant",
+         "lr_scheduler_type='constant' (or oblr_snr_lr=False to use a schedule)",
+         "the SNR rule sets the learning rate every step (learning_rate is its eta_max)"),
+    Rule("oblr_baseline", lambda c: c.oblr_baseline in available_estimators(),
+         f"one of {', '.join(available_estimators())}", "it is not a registered estimator"),
+    Rule("oblr_snr_ema", lambda c: 0.0 <= c.oblr_snr_ema < 1.0, "a value in [0, 1)", "it is an EMA factor"),
+    Rule("oblr_eta_min", lambda c: math.isfinite(c.oblr_eta_min) and 0.0 <= c.oblr_eta_min <= c.learning_rate,
+         "a value in [0, learning_rate]", "it is the floor of the SNR learning rate"),
+)
+
+
+def _show(value) -> str:
+    """A one-line rendering of a setting's value (enums as their string, objects by type)."""
+    value = getattr(value, "value", value)
+    if value is None or isinstance(value, (str, int, float, bool, dict, list, tuple)):
+        return " ".join(repr(value).split())
+    return f"{type(value).__name__}(...)"
+
+
+def refusal(cfg: GRPOConfig) -> str | None:
+    """The one-line message for the first refused setting of ``cfg``, or None when all are compatible."""
+    for r in RULES:
+        if not r.ok(cfg):
+            return f"OBLRGRPOConfig: {r.setting}={_show(getattr(cfg, r.setting, None))} is not supported: " \
+                   f"{r.why}; use {r.use}"
+    return None
+
+
+@dataclass
+class OBLRGRPOConfig(GRPOConfig):
+    """``GRPOConfig`` for :class:`~oblr.integrations.trl.OBLRGRPOTrainer`. See the module docstring."""
+
+    oblr_baseline: str = field(default="oblr", metadata={
+        "help": "baseline/advantage estimator (oblr.estimators.available_estimators(); default oblr: exact "
+                "gradient-weighted leave-one-out)"})
+    oblr_snr_lr: bool = field(default=True, metadata={
+        "help": "set the lr every optimizer step by the gradient SNR: learning_rate * S / (S + V/N)"})
+    oblr_eta_min: float = field(default=0.0, metadata={"help": "floor of the SNR learning rate"})
+    oblr_snr_ema: float = field(default=0.9, metadata={
+        "help": "EMA factor on S and V (0 = current batch only, as in the paper)"})
+
+    # TRL defaults replaced by the compatible values
+    loss_type: str = field(default="dr_grpo", metadata={"help": "must be dr_grpo (constant normalisation)"})
+    scale_rewards: str = field(default="none", metadata={"help": "must be none (no std scaling)"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "must be False (norm pass)"})
+    lr_scheduler_type: str = field(default="constant", metadata={
+        "help": "constant with the SNR learning rate; any with oblr_snr_lr=False"})
+    router_aux_loss_coef: float | None = field(default=0.0, metadata={"help": "must be 0 (MoE aux loss)"})
+
+    def __post_init__(self):
+        super().__post_init__()
+        msg = refusal(self)
+        if msg is not None:
+            raise ValueError(msg)

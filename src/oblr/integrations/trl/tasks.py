@@ -1,0 +1,50 @@
+"""oblr tasks in TRL's terms: a ``datasets.Dataset`` of prompts, a reward function, held-out accuracy.
+
+- :func:`task_dataset` -- columns ``prompt`` (the exact text fed to the model) and ``answer``;
+- :class:`TaskReward` -- ``reward(prompts, completions, answer, **kwargs) -> list[float]``, the task's
+  verifiable reward through :func:`oblr.tasks.safe_reward` (a failing reward gives 0 and a counted warning);
+- :func:`heldout_accuracy` -- sampled accuracy on held-out problems with :func:`oblr.rollout.generate`
+  (a private generator seed, so the training RNG is untouched).
+"""
+
+from __future__ import annotations
+
+import torch
+from datasets import Dataset
+
+from oblr.rollout import generate
+from oblr.tasks import Example, Task, safe_reward
+from oblr.tasks.base import RewardFailures
+
+
+def task_dataset(examples: list[Example]) -> Dataset:
+    """A TRL prompt dataset (standard, non-conversational format) from task examples."""
+    return Dataset.from_dict({"prompt": [e.prompt for e in examples], "answer": [e.answer for e in examples]})
+
+
+class TaskReward:
+    """A TRL reward function for ``task``; it needs the ``answer`` column of :func:`task_dataset`."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.failures = RewardFailures()
+        self.__name__ = f"{task.name}_reward"  # TRL logs rewards/<name>/mean
+
+    def __call__(self, prompts, completions, answer, **kwargs) -> list[float]:
+        return [safe_reward(self.task, c, Example(prompt=p, answer=a), self.failures)
+                for p, c, a in zip(prompts, completions, answer)]
+
+
+def heldout_accuracy(model, tokenizer, task: Task, *, n_problems: int = 100, samples: int = 4,
+                     temperature: float = 1.0, max_new_tokens: int = 32, seed: int = 12345,
+                     batch_size: int | None = 256) -> float:
+    """Share of correct sampled answers over the first ``n_problems`` held-out problems x ``samples``."""
+    examples = task.eval[:n_problems]
+    if not examples:
+        raise ValueError(f"task {task.name!r} has no held-out problems")
+    with torch.no_grad():
+        out = generate(model, tokenizer, [e.prompt for e in examples], num_samples=samples,
+                       max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size,
+                       generator_seed=seed)
+    rewards = [safe_reward(task, r, e) for e, r in zip((e for e in examples for _ in range(samples)), out.responses)]
+    return sum(rewards) / len(rewards)

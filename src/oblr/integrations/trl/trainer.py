@@ -1,0 +1,247 @@
+"""``OBLRGRPOTrainer``: TRL's ``GRPOTrainer`` with OBLR-PO's exact weighted baseline and SNR learning rate.
+
+Used exactly like ``GRPOTrainer`` (same arguments) with an :class:`~oblr.integrations.trl.OBLRGRPOConfig`.
+What changes, per generation batch (``_generate_and_score_completions``, after TRL has generated and
+rewarded the completions): the local rows (whole groups; the config guarantees it) go through
+:func:`oblr.integrations.trl.round.run_round` -- one forward and one activation-only backward per chunk
+of whole groups gives the exact ``w_i`` of the policy being trained, the advantages of ``oblr_baseline``
+(leave-one-out within each group) and, from the same records:
+
+- without DeepSpeed (one process or DDP): the weighted gradient itself is written into ``.grad`` (the
+  folded backward: TRL's own loss forward/backward is skipped; ``training_step`` only generates),
+  summed over processes with one all-reduce; then S, V and the SNR from the per-prompt norms (all-reduced)
+  and ``||gbar||^2`` of the synchronised gradient, and the lr is set before the optimizer step;
+- with DeepSpeed (ZeRO-1/2/3): TRL's loss and backward run with oblr's advantages (DeepSpeed owns the
+  gradient); the per-prompt norms are all-reduced at generation time and the lr is set from DeepSpeed's
+  pre-clip global gradient norm in a pre-step hook of the inner optimizer, before its update.
+
+Every rank sets the same lr on its optimizer every optimizer step. The SNR controller is the trainer's
+``lr_scheduler`` (saved and restored with checkpoints). Metrics go to TRL's logs under ``oblr/``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from trl import GRPOTrainer
+from trl.models import unwrap_model_for_generation
+
+from oblr.gradnorm import BookKeeper
+from oblr.snr import SNRLearningRate, snr_statistics
+
+from .config import OBLRGRPOConfig
+from .round import RoundInputs, RoundSettings, run_round
+
+
+class _SNRSchedule:
+    """The Trainer's ``lr_scheduler`` when the SNR rule sets the lr: ``step()`` is a no-op (the controller
+    steps before the optimizer, from S and V), ``get_last_lr`` reports the lr it set, state is checkpointed."""
+
+    def __init__(self, controller: SNRLearningRate):
+        self.controller = controller
+
+    def step(self, *args, **kwargs) -> None:
+        return None
+
+    def get_last_lr(self) -> list[float]:
+        return self.controller.get_last_lr()
+
+    def state_dict(self) -> dict:
+        return self.controller.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.controller.load_state_dict(state)
+
+
+def _innermost_optimizer(opt):
+    """The torch optimizer whose ``param_groups`` are stepped (through accelerate/DeepSpeed wrappers)."""
+    while isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer):
+        opt = opt.optimizer
+    return opt
+
+
+class OBLRGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` whose advantages, gradient and learning rate are OBLR-PO's. See the module docstring."""
+
+    _tag_names = ["trl", "grpo", "oblr"]
+
+    def __init__(self, model, reward_funcs=None, args: OBLRGRPOConfig | None = None, *pargs, **kwargs):
+        if not isinstance(args, OBLRGRPOConfig):
+            raise TypeError(f"OBLRGRPOTrainer needs args=OBLRGRPOConfig(...), got {type(args).__name__}")
+        if kwargs.get("rollout_func") is not None:
+            raise ValueError("OBLRGRPOTrainer: rollout_func is not supported: completions generated outside the "
+                             "policy being trained cannot be checked to be on-policy; use TRL's generation (or vLLM)")
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        if self._is_vlm:
+            raise ValueError("OBLRGRPOTrainer: vision-language models are not supported (no per-sequence "
+                             "gradient-norm rules for vision towers); use a text model")
+        if self.is_fsdp_enabled:
+            raise ValueError("OBLRGRPOTrainer: FSDP is not supported (the norm pass needs whole layers); use "
+                             "DeepSpeed ZeRO-3 (accelerate config with a deepspeed_plugin)")
+        self._oblr_book = BookKeeper(self.model)  # fails now, naming the module, if a layer has no rule
+        self._oblr_fold = not self.is_deepspeed_enabled
+        self._oblr_rewards_per_func = None
+        self._oblr_controller: SNRLearningRate | None = None
+        self._oblr_pending: tuple[torch.Tensor, int] | None = None  # (sum_k ||g_k||^2, N) awaiting ||gbar||^2
+        self._oblr_round_loss = None
+        self.oblr_last_round = None  # RoundInputs/RoundResult of the last generation batch (tests, debugging)
+
+    # ------------------------------------------------------------------ learning rate
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if not self.args.oblr_snr_lr:
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            inner = _innermost_optimizer(optimizer if optimizer is not None else self.optimizer)
+            if not isinstance(inner, torch.optim.Optimizer):
+                raise ValueError(f"OBLRGRPOTrainer: the SNR learning rate needs a torch optimizer, got "
+                                 f"{type(inner).__name__} (remove the optimizer section of the DeepSpeed config)")
+            a = self.args
+            self._oblr_controller = SNRLearningRate(inner, eta_max=a.learning_rate, eta_min=a.oblr_eta_min,
+                                                    ema=a.oblr_snr_ema,
+                                                    warmup_steps=a.get_warmup_steps(num_training_steps))
+            if self.is_deepspeed_enabled:
+                inner.register_step_pre_hook(lambda opt, args, kwargs: self._oblr_lr_from_deepspeed())
+            self.lr_scheduler = _SNRSchedule(self._oblr_controller)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    def _oblr_set_lr(self, gbar_sq: torch.Tensor) -> None:
+        """S, V, SNR from the pending per-prompt norms and ``||gbar||^2``; set the lr of every param group."""
+        sum_gk, n = self._oblr_pending
+        self._oblr_pending = None
+        st = snr_statistics(sum_gk.double(), gbar_sq.double(), n)
+        lr = self._oblr_controller.step(st.S, st.V, n)[0]
+        for k, v in (("S", st.S), ("V", st.V), ("snr", st.snr), ("signal", st.signal), ("lr", lr),
+                     ("grad_norm", gbar_sq.double().sqrt())):
+            self._metrics["train"][f"oblr/{k}"].append(float(v))
+
+    def _oblr_lr_from_deepspeed(self) -> None:
+        """Pre-step hook of the inner optimizer under DeepSpeed: DeepSpeed has reduced the gradient and stored
+        its pre-clip global norm (``_global_grad_norm``) just before this call. ZeRO-3 steps once per sub-group:
+        only the first call of an optimizer step has pending statistics."""
+        if self._oblr_pending is None:
+            return
+        norm = getattr(getattr(self.model_wrapped, "optimizer", None), "_global_grad_norm", None)
+        if norm is None:
+            raise RuntimeError("OBLRGRPOTrainer: DeepSpeed did not compute the gradient norm; set "
+                               "zero_optimization.compute_grad_norm=true in the DeepSpeed config")
+        gbar = torch.as_tensor(norm, dtype=torch.float64).reshape(())
+        self._oblr_set_lr(gbar * gbar)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        norm = super()._get_grad_norm(model, grad_norm)  # pre-clip norm of the synchronised gradient
+        if self._oblr_pending is not None and not self.is_deepspeed_enabled:
+            gbar = torch.as_tensor(float(norm), dtype=torch.float64)
+            self._oblr_set_lr(gbar * gbar)
+        return norm
+
+    # ------------------------------------------------------------------ one generation batch
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._oblr_rewards_per_func = rewards_per_func  # [B over all processes, reward functions]
+        return rewards_per_func
+
+    def _oblr_round_inputs(self, out: dict) -> RoundInputs:
+        B, G = out["completion_ids"].shape[0], self.num_generations
+        rows = slice(self.accelerator.process_index * B, (self.accelerator.process_index + 1) * B)
+        per_func = self._oblr_rewards_per_func[rows]
+        rewards = (per_func * self.reward_weights.to(per_func.device)).nansum(dim=1)
+        unscorable = torch.isnan(per_func).all(dim=1)  # every reward function returned None: reward 0
+        self._metrics["train"]["oblr/unscorable_count"].append(float(unscorable.sum()))
+        rewards = torch.where(unscorable, torch.zeros_like(rewards), rewards)
+        loss_mask = out["completion_mask"] if "tool_mask" not in out else out["completion_mask"] * out["tool_mask"]
+        scale = torch.full((B,), 1.0 / (self.args.generation_batch_size * self.max_completion_length),
+                           dtype=torch.float32, device=rewards.device)
+        if "importance_sampling_ratio" in out:  # vLLM, sequence-level modes only (config): one ratio per row
+            scale = scale * out["importance_sampling_ratio"].reshape(B).to(torch.float32)
+        return RoundInputs(
+            input_ids=torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1),
+            attention_mask=torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1),
+            response_mask=torch.cat([torch.zeros_like(out["prompt_mask"]), loss_mask], dim=1),
+            rewards=rewards.view(B // G, G).to(torch.float32),
+            seq_scale=scale,
+        )
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if not self.model.training:  # evaluation: TRL's own advantages and loss
+            return out
+        t0 = time.perf_counter()
+        batch = self._oblr_round_inputs(out)
+        settings = RoundSettings(
+            baseline=self.args.oblr_baseline, temperature=self.temperature,
+            rows_per_chunk=self.args.per_device_train_batch_size,
+            n_prompts=self.args.generation_batch_size // self.num_generations,
+            assemble_grad=self._oblr_fold, group_norms=self.args.oblr_snr_lr)
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as model:
+            res = run_round(model, self._oblr_book, batch, settings, autocast=self.accelerator.autocast)
+        self.oblr_last_round = (batch, res)
+        w = res.weights if res.weights is not None else torch.zeros(0, device=res.coeffs.device)
+        stats = torch.stack([
+            res.group_sq_norms.double().sum() if res.group_sq_norms is not None else res.loss.new_zeros(()).double(),
+            res.fallback_count.double(), w.double().sum(), torch.tensor(float(w.numel()), dtype=torch.float64,
+                                                                         device=w.device),
+            res.entropy_sum.double(), batch.response_mask.double().sum(),
+        ])
+        stats = self.accelerator.reduce(stats, reduction="sum")  # identity on one process
+        if self._oblr_fold:
+            self._oblr_sync_grads()
+        if self.args.oblr_snr_lr:
+            self._oblr_pending = (stats[0], settings.n_prompts)
+            if self._oblr_fold:
+                self._oblr_set_lr(self._oblr_grad_sq())
+        out["advantages"] = res.advantages.reshape(-1).to(out["advantages"].dtype)
+        self._oblr_round_loss = res.loss * self.accelerator.num_processes
+        m = self._metrics["train"]
+        m["oblr/fallback_count"].append(float(stats[1]))
+        if res.weights is not None:
+            m["oblr/w_mean"].append(float(stats[2] / stats[3].clamp(min=1)))
+        m["oblr/time_norms"].append(time.perf_counter() - t0)
+        if self._oblr_fold:  # TRL's loss forward (which logs the entropy) does not run
+            m["entropy"].append(float(stats[4] / stats[5].clamp(min=1)))
+        return out
+
+    def _oblr_trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _oblr_sync_grads(self) -> None:
+        """Sum the folded gradients over processes (what DDP's backward would have done), in one all-reduce."""
+        if self.accelerator.num_processes == 1:
+            return
+        params = self._oblr_trainable()
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1).to(torch.float32) for p in params])
+        flat = self.accelerator.reduce(flat, reduction="sum")
+        i = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[i:i + n].view_as(p.grad))
+            i += n
+
+    def _oblr_grad_sq(self) -> torch.Tensor:
+        """``||gbar||^2``: squared norm of the synchronised gradient (identical on every rank), float64."""
+        total = torch.zeros((), dtype=torch.float64, device=self.accelerator.device)
+        for p in self._oblr_trainable():
+            if p.grad is not None:
+                total = total + p.grad.double().pow(2).sum()
+        return total
+
+    # ------------------------------------------------------------------ the training step
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if not self._oblr_fold:  # DeepSpeed: TRL's loss and backward with oblr's advantages
+            return super().training_step(model, inputs, num_items_in_batch)
+        t0 = time.perf_counter()
+        model.train()
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        new_round = self._step % generate_every == 0 or self._buffered_inputs is None
+        self._prepare_inputs(inputs)  # a new round generates and folds the whole gradient into .grad
+        loss = self._oblr_round_loss if new_round else torch.zeros_like(self._oblr_round_loss)
+        self._step += 1
+        self._current_train_step_time += time.perf_counter() - t0
+        if self._step % self.current_gradient_accumulation_steps == 0:
+            self._metrics["train"]["step_time"].append(self._current_train_step_time)
+            self._current_train_step_time = 0.0
+        return loss.detach().to(self.args.device)

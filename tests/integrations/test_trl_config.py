@@ -1,0 +1,99 @@
+"""OBLRGRPOConfig: defaults are compatible; every refused setting is refused with its one-line message."""
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+from oblr.integrations.trl import RULES, OBLRGRPOConfig, OBLRGRPOTrainer  # noqa: E402
+
+BASE = dict(per_device_train_batch_size=8, num_generations=4, use_cpu=True, bf16=False, report_to=[])
+
+# one incompatible value per rule; per_device_train_batch_size (groups split across processes) needs two
+# processes and is checked in test_trl_distributed.py
+BAD = {
+    "loss_type": dict(loss_type="dapo"),
+    "max_completion_length": dict(max_completion_length=None),
+    "scale_rewards": dict(scale_rewards="group"),
+    "multi_objective_aggregation": dict(multi_objective_aggregation="normalize_then_sum"),
+    "beta": dict(beta=0.04),
+    "num_iterations": dict(num_iterations=2),
+    "steps_per_generation": dict(steps_per_generation=2),
+    "mask_truncated_completions": dict(mask_truncated_completions=True),
+    "top_entropy_quantile": dict(top_entropy_quantile=0.2),
+    "entropy_coef": dict(entropy_coef=0.01),
+    "use_adaptive_entropy": dict(use_adaptive_entropy=True),
+    "off_policy_mask_threshold": dict(off_policy_mask_threshold=0.5),
+    "delta": dict(delta=0.9),
+    "top_p": dict(top_p=0.9),
+    "top_k": dict(top_k=20),
+    "min_p": dict(min_p=0.05),
+    "repetition_penalty": dict(repetition_penalty=1.1),
+    "generation_kwargs": dict(generation_kwargs={"top_k": 5}),
+    "vllm_importance_sampling_mode": dict(use_vllm=True, vllm_importance_sampling_mode="token_truncate"),
+    "gradient_checkpointing": dict(gradient_checkpointing=True),
+    "fp16": dict(fp16=True),
+    "torch_compile": dict(torch_compile=True),
+    "router_aux_loss_coef": dict(router_aux_loss_coef=0.01),
+    "parallelism_config": "parallelism",
+    "fsdp": dict(fsdp=True),
+    "lr_scheduler_type": dict(lr_scheduler_type="cosine"),
+    "oblr_baseline": dict(oblr_baseline="nope"),
+    "oblr_snr_ema": dict(oblr_snr_ema=1.0),
+    "oblr_eta_min": dict(oblr_eta_min=-1.0),
+}
+
+
+def _cfg(tmp_path, **kw):
+    return OBLRGRPOConfig(output_dir=str(tmp_path), **{**BASE, **kw})
+
+
+def test_defaults_are_compatible(tmp_path):
+    c = OBLRGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, use_cpu=True)
+    assert (c.loss_type, c.scale_rewards, c.gradient_checkpointing, c.oblr_baseline, c.oblr_snr_lr) == \
+        ("dr_grpo", "none", False, "oblr", True)
+    assert c.steps_per_generation == c.gradient_accumulation_steps
+
+
+def test_every_rule_has_a_case():
+    assert {r.setting for r in RULES} == set(BAD) | {"per_device_train_batch_size"}
+
+
+@pytest.mark.parametrize("setting", sorted(BAD))
+def test_refused_with_its_message(tmp_path, setting):
+    kw = BAD[setting]
+    if kw == "parallelism":
+        from accelerate.parallelism_config import ParallelismConfig
+
+        kw = dict(parallelism_config=ParallelismConfig(tp_size=1))
+    rule = next(r for r in RULES if r.setting == setting)
+    with pytest.raises(ValueError) as e:
+        _cfg(tmp_path, **kw)
+    msg = str(e.value)
+    assert msg.startswith(f"OBLRGRPOConfig: {setting}=") and "\n" not in msg
+    assert msg.endswith(f"use {rule.use}")
+
+
+def test_compatible_explicit_values_pass(tmp_path):
+    _cfg(tmp_path, temperature=0.7, oblr_baseline="rloo", oblr_snr_lr=False, lr_scheduler_type="cosine",
+         delta=1.5, importance_sampling_level="sequence", generation_kwargs={"use_cache": True},
+         gradient_accumulation_steps=2)
+
+
+def test_docs_list_every_refused_setting():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "trl.md").read_text()
+    missing = [r.setting for r in RULES if f"`{r.setting}`" not in doc]
+    assert not missing, f"docs/trl.md does not list {missing}"
+
+
+def test_trainer_needs_the_oblr_config(tmp_path):
+    from trl import GRPOConfig
+
+    with pytest.raises(TypeError, match="OBLRGRPOConfig"):
+        OBLRGRPOTrainer(model="unused", reward_funcs=[], args=GRPOConfig(output_dir=str(tmp_path), **BASE))
+
+
+def test_trainer_refuses_rollout_func(tmp_path):
+    with pytest.raises(ValueError, match="rollout_func"):
+        OBLRGRPOTrainer(model="unused", reward_funcs=[], args=_cfg(tmp_path), rollout_func=lambda *a: {})
