@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from oblr.logprobs import position_ids_from_mask
+from oblr.logprobs import position_ids_from_mask, sampling_log_probs
 from oblr.rollout import RolloutBatch, register_engine
 
 
@@ -31,16 +31,9 @@ def _sample(logits: torch.Tensor, *, temperature: float, top_p: float, greedy: b
     """``(tokens [B], log q(tokens) [B] float32 or None when greedy)``; see :func:`sample_next_token`."""
     if greedy:
         return logits.argmax(-1), None
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, idx = probs.sort(dim=-1, descending=True)
-        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each token
-        sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
-    tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    # the sampler's own distribution: the kept mass renormalised (multinomial normalises the same way)
-    logq = probs.gather(-1, tok[:, None]).squeeze(-1).log() - probs.sum(-1).log()
-    return tok, logq
+    logq_all = sampling_log_probs(logits, temperature=temperature, top_p=top_p)
+    tok = torch.multinomial(logq_all.exp(), 1, generator=generator).squeeze(-1)
+    return tok, logq_all.gather(-1, tok[:, None]).squeeze(-1)
 
 
 def sample_next_token(logits: torch.Tensor, *, temperature: float, top_p: float, greedy: bool,
@@ -48,8 +41,9 @@ def sample_next_token(logits: torch.Tensor, *, temperature: float, top_p: float,
     """Next token ids [B] from logits [B, V].
 
     Greedy: argmax. Otherwise softmax(logits / temperature), restricted to the smallest set of most likely
-    tokens whose probability reaches ``top_p`` (the top token is always kept), renormalised, sampled with
-    ``torch.multinomial`` (the global RNG, or ``generator``).
+    tokens whose probability reaches ``top_p`` (the top token is always kept), renormalised
+    (:func:`oblr.logprobs.sampling_log_probs`), sampled with ``torch.multinomial`` (the global RNG, or
+    ``generator``).
     """
     return _sample(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)[0]
 
