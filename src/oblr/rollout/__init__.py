@@ -20,7 +20,9 @@ measurement use nothing else; a vLLM engine and a TRL adapter plug in here):
 - :data:`ENGINES` -- the registry of engine factories ``f(model, tokenizer, **options) -> RolloutEngine``
   (``@register_engine("name")``); :func:`make_engine` builds one by name (config key ``rollout.engine``,
   options from ``rollout.engine_options``). Registered here: ``hf`` (:mod:`oblr.rollout.hf`, our KV-cache
-  decoding loop over a Hugging Face causal LM). Code outside this package never imports an engine module.
+  decoding loop over a Hugging Face causal LM) and ``vllm`` (:mod:`oblr.rollout.vllm`, vLLM's offline
+  ``LLM`` colocated in this process; needs the ``vllm`` package, see ``make setup-vllm``).
+  Code outside this package never imports an engine module.
 - :func:`generate_and_score` -- generate for a list of examples and score every row: the one
   "generate, then score" helper of oblr.
 """
@@ -64,7 +66,7 @@ class RolloutEngine(Protocol):
     def close(self) -> None: ...
 
 
-ENGINES = Registry("rollout engine", modules=("oblr.rollout.hf",))
+ENGINES = Registry("rollout engine", modules=("oblr.rollout.hf", "oblr.rollout.vllm"))
 
 
 def register_engine(name: str) -> Callable:
