@@ -65,6 +65,18 @@ def sampling_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, *, te
     return _gather_shifted(sampling_log_probs(logits[:, :-1], temperature=temperature, top_p=top_p), input_ids)
 
 
+def response_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, response_mask: torch.Tensor, *,
+                            temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+    """What the update scores: :func:`sampling_token_logprobs` on response tokens, 0 elsewhere. [B, T] float32.
+
+    Prompt and padding positions are set to 0 (under top-p they may be ``-inf``, and ``-inf * 0`` is NaN);
+    a response token outside the nucleus stays ``-inf``: its sample is impossible under the scored
+    distribution, the step's loss is not finite, and the trainer skips it.
+    """
+    lp = sampling_token_logprobs(logits, input_ids, temperature=temperature, top_p=top_p)
+    return torch.where(response_mask.bool(), lp, torch.zeros_like(lp))
+
+
 def logprob_gap(sampler_lp: torch.Tensor, trainer_lp: torch.Tensor, response_mask: torch.Tensor) -> dict:
     """How far the rollout engine's log-probs of the sampled tokens are from the trainer's.
 
