@@ -147,11 +147,10 @@ def _progress_bar(progress: Callable[[int, int], None]):
     return _Bar
 
 
-def row_seeds(seed: int | None, rows: int) -> list[int | None]:
-    """One seed per row, drawn from ``seed`` (None: no per-row seeds, vLLM's own RNG)."""
-    if seed is None:
-        return [None] * rows
-    g = torch.Generator().manual_seed(int(seed))
+def row_seeds(seed: int | None, rows: int) -> list[int]:
+    """One seed per row, drawn from ``seed``; ``seed=None`` draws them from torch's global RNG (as the ``hf``
+    engine samples from it: training runs are reproducible, resumptions too, through its checkpointed state)."""
+    g = None if seed is None else torch.Generator().manual_seed(int(seed))
     return torch.randint(0, 2**31 - 1, (rows,), generator=g).tolist()
 
 
@@ -161,16 +160,20 @@ class VLLMEngine:
 
     Options: ``model_path`` (directory vLLM builds the model from; default: the model's own checkpoint
     directory, or a temporary ``save_pretrained`` copy), ``memory_fraction``, ``max_model_len`` (default:
-    the model's ``max_position_embeddings``), ``max_num_seqs``, ``enforce_eager`` (default: True on CPU,
+    the model's ``max_position_embeddings``), ``batch_size`` (``rollout.batch_size``: vLLM's
+    ``max_num_seqs``, the sequences it decodes at once; default 256), ``enforce_eager`` (default: True on CPU,
     where compiling costs more than it saves for rollouts), ``seed`` (vLLM's global seed, used by rows
     without a seed), ``llm_kwargs`` (anything else for ``vllm.LLM``, e.g. ``tensor_parallel_size``).
     """
 
     def __init__(self, model, tokenizer, *, model_path: str | os.PathLike | None = None,
-                 memory_fraction: float = 0.3, max_model_len: int | None = None, max_num_seqs: int = 256,
+                 memory_fraction: float = 0.3, max_model_len: int | None = None, batch_size: int | None = None,
                  enforce_eager: bool | None = None, seed: int = 0, llm_kwargs: dict | None = None):
         if not 0 < memory_fraction < 1:
             raise ValueError(f"vllm engine: memory_fraction must be in (0, 1), got {memory_fraction}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"vllm engine: batch_size must be >= 1 or None, got {batch_size}")
+        max_num_seqs = batch_size or 256
         vllm = require_vllm()
         from vllm.platforms import current_platform
 
@@ -237,21 +240,15 @@ class VLLMEngine:
         completions = [o.outputs[0] for o in outs]
         width = max(len(c.token_ids) for c in completions)
         resp = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        lp = torch.zeros((rows, width), dtype=torch.float32)
+        lp = None if greedy else torch.zeros((rows, width), dtype=torch.float32)
         for i, c in enumerate(completions):
             ids = list(c.token_ids)
             resp[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            if not greedy:
+            if lp is not None:
                 lp[i, :len(ids)] = torch.tensor([step[t].logprob for step, t in zip(c.logprobs, ids)])
-        batch = assemble_batch([resp], prompt_ids.repeat_interleave(g, dim=0),
-                               prompt_mask.repeat_interleave(g, dim=0), self.tokenizer, eos_id=self.eos_id,
-                               pad_id=self.pad_id, num_samples=g)
-        if not greedy:
-            P = batch.prompt_length
-            full = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-            full[:, P:] = lp[:, :batch.input_ids.shape[1] - P]
-            batch.sampler_logprobs = full * batch.response_mask
-        return batch
+        return assemble_batch([(resp, lp)], prompt_ids.repeat_interleave(g, dim=0),
+                              prompt_mask.repeat_interleave(g, dim=0), self.tokenizer, eos_id=self.eos_id,
+                              pad_id=self.pad_id, num_samples=g)
 
     def sync_weights(self, model) -> None:
         """Copy the trainer's current weights into vLLM's model in place, then drop cached prefixes."""
@@ -299,3 +296,10 @@ class VLLMEngine:
 @register_engine("vllm")
 def make_vllm_engine(model, tokenizer, **options) -> VLLMEngine:
     return VLLMEngine(model, tokenizer, **options)
+
+
+def _unavailable() -> str | None:
+    return None if vllm_available() else INSTALL_HINT
+
+
+make_vllm_engine.unavailable = _unavailable  # read by oblr.rollout.check_engine before a model loads
