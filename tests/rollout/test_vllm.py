@@ -203,12 +203,15 @@ def test_oblr_train_with_the_vllm_engine(small_builtin, tmp_path):
 
 
 @needs_vllm
-def test_oblr_eval_with_the_vllm_engine(small_builtin, tmp_path):
+def test_oblr_eval_with_the_vllm_engine(small_builtin, tmp_path, monkeypatch):
+    """oblr eval through vLLM. The built-in model is character-level with 128 positions and GSM8K prompts
+    are longer: vLLM is told to allow a longer context (rotary positions extend; the hf engine does the same)."""
     from oblr.cli import main
 
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     out = tmp_path / "eval"
     assert main(["eval", "--model", str(small_builtin), "--engine", "vllm", "--engine-options",
-                 "{memory_fraction: 0.2}", "--benchmarks", "gsm8k", "--limit", "2", "--n", "2", "--temperature", "1.0",
+                 "{memory_fraction: 0.2, max_model_len: 1024}", "--benchmarks", "gsm8k", "--limit", "2", "--n", "2", "--temperature", "1.0",
                  "--max-new-tokens", "8", "--device", "cpu", "--output-dir", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())["results"]["gsm8k"]
     assert res["problems"] == 2 and 0 <= res["pass@1"] <= 1
