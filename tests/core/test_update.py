@@ -181,3 +181,34 @@ def test_settings_are_derived_from_the_config():
     assert (s.baseline, s.kl_coef, s.micro_batch_groups, s.max_len, s.need_snr) == ("rloo", 0.2, 2, 12, True)
     assert not UpdateSettings.from_config(load_config(None, ["algorithm.lr_schedule=constant"]),
                                           schedule_needs_snr=False).need_snr
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_update_scores_sampled_tokens_under_the_distribution_that_sampled_them(top_p):
+    """Issue 11 item 2: at T = 0.7 (and with a top-p nucleus) the log-prob the update uses for each sampled
+    token equals the sampler's own; scoring with the raw softmax (T = 1) would not."""
+    from oblr.rollout.hf import _generate_chunk, assemble_batch
+
+    model = tiny_qwen3(seed=3).eval()
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(2, model.config.vocab_size, (N, 5), generator=gen).repeat_interleave(G, dim=0)
+    mask = torch.ones_like(prompts)
+    eos = 1
+    chunk = _generate_chunk(model, prompts, mask, eos_id=eos, pad_id=0, max_new_tokens=6, temperature=0.7,
+                            top_p=top_p, greedy=False, generator=gen)
+    decode = SimpleNamespace(batch_decode=lambda seqs, **_: ["" for _ in seqs])
+    batch = assemble_batch([chunk], prompts, mask, decode, eos_id=eos, pad_id=0, num_samples=G)
+    rewards = torch.rand(N, G, generator=gen)
+    rm = batch.response_mask.bool()
+    model.train()
+    res, _ = _run(model, batch, rewards, baseline="rloo", temperature=0.7, top_p=top_p)
+    assert torch.allclose(res.old_logprobs[rm], batch.sampler_logprobs[rm], atol=1e-5, rtol=0)
+    assert (res.old_logprobs[~rm] == 0).all()
+    raw, _ = _run(model, batch, rewards, baseline="rloo")  # the raw softmax is another distribution
+    assert (raw.old_logprobs[rm] - batch.sampler_logprobs[rm]).abs().max() > 1e-2
+
+
+def test_update_settings_take_the_sampling_distribution_from_the_rollout_config():
+    cfg = load_config(overrides=["rollout.temperature=0.7", "rollout.top_p=0.9"])
+    s = UpdateSettings.from_config(cfg, schedule_needs_snr=True)
+    assert (s.temperature, s.top_p) == (0.7, 0.9)

@@ -83,3 +83,13 @@ def test_bad_arguments_are_rejected():
         step_cost.main(["--repeats", "0"])
     with pytest.raises(SystemExit):
         step_cost.main(["--cases", "99"])
+
+
+def test_rollout_engines_runs_the_hf_engine_and_tables_it(small_builtin, capsys):
+    """benchmarks/rollout_engines.py with the hf engine only (vLLM's side runs in .venv-vllm, docs/rollout.md)."""
+    import rollout_engines
+
+    assert rollout_engines.main(["--engines", "hf", "--model", str(small_builtin), "--prompts", "2", "--group-size",
+                                 "2", "--max-new-tokens", "4", "--repeats", "1", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\| hf \| [0-9.]+ \| [0-9.]+ \|", out, re.M)

@@ -42,6 +42,8 @@ def test_train_end_to_end_writes_metrics_summary_plots_checkpoint(small_builtin,
     assert [r["step"] for r in train_rows] == [1, 2]
     for k in SPEC_KEYS:
         assert k in train_rows[0], k
+    for r in train_rows:  # the hf engine's log-probs of its samples are the update's (KV cache vs one forward)
+        assert r["rollout/logprob_gap_max"] < 1e-4 and r["rollout/outside_nucleus"] == 0 and r["time/sync"] >= 0
     assert {p.name for p in (out / "plots").glob("*.png")} >= {"reward.png", "lr_snr.png", "eval_accuracy.png",
                                                                "grad_norm.png"}
     ck = out / "checkpoints" / "step_000002"

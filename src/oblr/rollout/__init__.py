@@ -14,13 +14,15 @@ measurement use nothing else; a vLLM engine and a TRL adapter plug in here):
   top_p=1.0, greedy=False, seed=None, progress=None) -> RolloutBatch``. ``seed=None`` samples from torch's
   global RNG (training: reproducible through the checkpointed RNG state); an int uses a private generator
   seeded with it and leaves the global RNG untouched (evaluation). ``progress(rows_done, rows_total)`` is
-  called as rows finish. ``sync_weights(model)`` is called by the trainer after every optimizer step
-  (the HF engine samples with the live policy module, so it is a no-op there; an engine holding its own
+  called as rows finish. ``sync_weights(model)`` is called by the trainer after the optimizer step(s) of
+  every training step, before the next rollouts (the HF engine samples with the live policy module, so it is a no-op there; an engine holding its own
   copy of the weights pushes them). ``close()`` frees the engine's resources.
 - :data:`ENGINES` -- the registry of engine factories ``f(model, tokenizer, **options) -> RolloutEngine``
   (``@register_engine("name")``); :func:`make_engine` builds one by name (config key ``rollout.engine``,
-  options from ``rollout.engine_options``). Registered here: ``hf`` (:mod:`oblr.rollout.hf`, our KV-cache
-  decoding loop over a Hugging Face causal LM). Code outside this package never imports an engine module.
+  options from ``rollout.engine_options``); :func:`check_engine` says before a model loads whether it can run. Registered here: ``hf`` (:mod:`oblr.rollout.hf`, our KV-cache
+  decoding loop over a Hugging Face causal LM) and ``vllm`` (:mod:`oblr.rollout.vllm`, vLLM's offline
+  ``LLM`` colocated in this process; needs the ``vllm`` package, see ``make setup-vllm``).
+  Code outside this package never imports an engine module.
 - :func:`generate_and_score` -- generate for a list of examples and score every row: the one
   "generate, then score" helper of oblr.
 """
@@ -64,7 +66,7 @@ class RolloutEngine(Protocol):
     def close(self) -> None: ...
 
 
-ENGINES = Registry("rollout engine", modules=("oblr.rollout.hf",))
+ENGINES = Registry("rollout engine", modules=("oblr.rollout.hf", "oblr.rollout.vllm"))
 
 
 def register_engine(name: str) -> Callable:
@@ -75,6 +77,15 @@ def register_engine(name: str) -> Callable:
 def make_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
     """The engine registered as ``name``, built for ``model`` and ``tokenizer`` with ``options``."""
     return ENGINES.get(name)(model, tokenizer, **options)
+
+
+def check_engine(name: str) -> None:
+    """Raise ``ValueError`` (one line) when engine ``name`` is unknown or cannot run here -- cheaply, before a
+    model loads. A factory may carry ``unavailable() -> str | None`` saying why it cannot run (a missing
+    package)."""
+    why = getattr(ENGINES.get(name), "unavailable", lambda: None)()
+    if why:
+        raise ValueError(why)
 
 
 def generate_and_score(engine: RolloutEngine, examples: Sequence[Any], score: Callable[[list[str], list], Any], *,
@@ -103,5 +114,5 @@ def generate(model, tokenizer, prompts: list[str], **kwargs) -> RolloutBatch:
     return hf_generate(model, tokenizer, prompts, **kwargs)
 
 
-__all__ = ["ENGINES", "RolloutBatch", "RolloutEngine", "generate", "generate_and_score", "make_engine",
+__all__ = ["ENGINES", "RolloutBatch", "RolloutEngine", "check_engine", "generate", "generate_and_score", "make_engine",
            "register_engine"]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from oblr.logprobs import position_ids_from_mask
+from oblr.logprobs import position_ids_from_mask, sampling_log_probs
 from oblr.rollout import RolloutBatch, register_engine
 
 
@@ -31,16 +31,9 @@ def _sample(logits: torch.Tensor, *, temperature: float, top_p: float, greedy: b
     """``(tokens [B], log q(tokens) [B] float32 or None when greedy)``; see :func:`sample_next_token`."""
     if greedy:
         return logits.argmax(-1), None
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, idx = probs.sort(dim=-1, descending=True)
-        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each token
-        sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
-    tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    # the sampler's own distribution: the kept mass renormalised (multinomial normalises the same way)
-    logq = probs.gather(-1, tok[:, None]).squeeze(-1).log() - probs.sum(-1).log()
-    return tok, logq
+    logq_all = sampling_log_probs(logits, temperature=temperature, top_p=top_p)
+    tok = torch.multinomial(logq_all.exp(), 1, generator=generator).squeeze(-1)
+    return tok, logq_all.gather(-1, tok[:, None]).squeeze(-1)
 
 
 def sample_next_token(logits: torch.Tensor, *, temperature: float, top_p: float, greedy: bool,
@@ -48,8 +41,9 @@ def sample_next_token(logits: torch.Tensor, *, temperature: float, top_p: float,
     """Next token ids [B] from logits [B, V].
 
     Greedy: argmax. Otherwise softmax(logits / temperature), restricted to the smallest set of most likely
-    tokens whose probability reaches ``top_p`` (the top token is always kept), renormalised, sampled with
-    ``torch.multinomial`` (the global RNG, or ``generator``).
+    tokens whose probability reaches ``top_p`` (the top token is always kept), renormalised
+    (:func:`oblr.logprobs.sampling_log_probs`), sampled with ``torch.multinomial`` (the global RNG, or
+    ``generator``).
     """
     return _sample(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)[0]
 
@@ -91,7 +85,7 @@ def _generate_chunk(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, 
     return torch.stack(tokens, dim=1), None if greedy else torch.stack(logqs, dim=1)
 
 
-def _check_args(prompts, num_samples, max_new_tokens, temperature, top_p, batch_size) -> None:
+def check_generate_args(prompts, num_samples, max_new_tokens, temperature, top_p, batch_size) -> None:
     if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
         raise TypeError("generate: prompts must be a list of strings")
     if len(prompts) == 0:
@@ -108,6 +102,30 @@ def _check_args(prompts, num_samples, max_new_tokens, temperature, top_p, batch_
         raise ValueError(f"generate: batch_size must be >= 1 or None, got {batch_size}")
 
 
+def special_ids(tokenizer) -> tuple[int, int]:
+    """``(eos_id, pad_id)``; pad falls back to eos. Raises when the tokenizer has no EOS."""
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    if eos_id is None:
+        raise ValueError("generate: the tokenizer has no eos_token_id")
+    return eos_id, (eos_id if pad_id is None else pad_id)
+
+
+def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask, [n, P] long each (no special tokens added; pad = :func:`special_ids`)."""
+    _, pad_id = special_ids(tokenizer)
+    enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    for k, e in enumerate(enc):
+        if len(e) == 0:
+            raise ValueError(f"generate: prompt {k} encodes to no tokens: {prompts[k]!r}")
+    n, p_len = len(enc), max(len(e) for e in enc)
+    prompt_ids = torch.full((n, p_len), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, p_len), dtype=torch.long)
+    for k, e in enumerate(enc):
+        prompt_ids[k, p_len - len(e):] = torch.tensor(e, dtype=torch.long)
+        prompt_mask[k, p_len - len(e):] = 1
+    return prompt_ids, prompt_mask
+
+
 def generate(model, tokenizer, prompts: list[str], *, num_samples: int = 1, max_new_tokens: int = 64,
              temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False, batch_size: int | None = None,
              generator_seed: int | None = None,
@@ -119,24 +137,11 @@ def generate(model, tokenizer, prompts: list[str], *, num_samples: int = 1, max_
     leaving the global RNG untouched). ``progress(rows_done, rows_total)`` is called after each chunk.
     The model is put in eval mode for the call and its previous mode restored.
     """
-    _check_args(prompts, num_samples, max_new_tokens, temperature, top_p, batch_size)
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    if eos_id is None:
-        raise ValueError("generate: the tokenizer has no eos_token_id")
-    if pad_id is None:
-        pad_id = eos_id
+    check_generate_args(prompts, num_samples, max_new_tokens, temperature, top_p, batch_size)
+    eos_id, pad_id = special_ids(tokenizer)
     device = next(model.parameters()).device
-    enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    for k, e in enumerate(enc):
-        if len(e) == 0:
-            raise ValueError(f"generate: prompt {k} encodes to no tokens: {prompts[k]!r}")
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
     n, g = len(prompts), num_samples
-    p_len = max(len(e) for e in enc)
-    prompt_ids = torch.full((n, p_len), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((n, p_len), dtype=torch.long)
-    for k, e in enumerate(enc):
-        prompt_ids[k, p_len - len(e):] = torch.tensor(e, dtype=torch.long)
-        prompt_mask[k, p_len - len(e):] = 1
     rows_ids = prompt_ids.repeat_interleave(g, dim=0).to(device)
     rows_mask = prompt_mask.repeat_interleave(g, dim=0).to(device)
     total = n * g
@@ -161,12 +166,16 @@ def generate(model, tokenizer, prompts: list[str], *, num_samples: int = 1, max_
     finally:
         model.train(was_training)
 
-    return _assemble(chunks, rows_ids, rows_mask, tokenizer, eos_id=eos_id, pad_id=pad_id, num_samples=g)
+    return assemble_batch(chunks, rows_ids, rows_mask, tokenizer, eos_id=eos_id, pad_id=pad_id, num_samples=g)
 
 
-def _assemble(chunks: list[tuple[torch.Tensor, torch.Tensor | None]], rows_ids: torch.Tensor,
-              rows_mask: torch.Tensor, tokenizer, *, eos_id: int, pad_id: int, num_samples: int) -> RolloutBatch:
-    """Pad chunk responses to a common length and build the masks."""
+def assemble_batch(chunks: list[tuple[torch.Tensor, torch.Tensor | None]], rows_ids: torch.Tensor,
+                   rows_mask: torch.Tensor, tokenizer, *, eos_id: int, pad_id: int,
+                   num_samples: int) -> RolloutBatch:
+    """The :class:`RolloutBatch` of sampled token ids, for any engine. ``chunks``: ``(responses [b, L'],
+    sampler log-probs [b, L'] float32 or None)`` per chunk, rows in order; they are padded to a common length,
+    each row cut after its first EOS, the masks built and the texts decoded. ``rows_ids``/``rows_mask``
+    [B, P]: the left-padded prompt of every row."""
     total, device = rows_ids.shape[0], rows_ids.device
     width = max(c.shape[1] for c, _ in chunks)
     resp = torch.full((total, width), pad_id, dtype=torch.long, device=device)

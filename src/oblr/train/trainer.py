@@ -1,7 +1,8 @@
 """The RL loop: prompts -> rollouts -> rewards -> gradient, norms, S, V -> learning rate -> optimizer step.
 
 The trainer only wires the pieces (each is a plain function or a small object, tested on its own):
-the rollout engine (:func:`oblr.rollout.make_engine`, :func:`oblr.rollout.generate_and_score`), the
+the rollout engine (:func:`oblr.rollout.make_engine`, :func:`oblr.rollout.generate_and_score`; its weights
+synced after every step, its log-probs of its samples compared with the update's: ``rollout/logprob_gap_*``), the
 task's reward (:func:`oblr.tasks.reward_scorer`), :func:`oblr.update.accumulate_policy_gradient` (advantages,
 ``.grad``, per-prompt norms and the :class:`oblr.snr.SNRStats`), the schedule (:mod:`oblr.schedules`),
 the optimizer (:mod:`oblr.train.optimizers`), the run folder (:mod:`oblr.train.run_dir`), checkpoints
@@ -35,6 +36,7 @@ from oblr.distributed import (
     shutdown,
     split_evenly,
 )
+from oblr.logprobs import logprob_gap
 from oblr.rollout import generate_and_score, make_engine
 from oblr.schedules import make_lr_controller
 from oblr.tasks import get_task, reward_scorer
@@ -229,6 +231,9 @@ class Trainer:
                                     ref_model=self.ref_model)
         res = up.update
         metrics = dict(res.metrics)
+        if batch.sampler_logprobs is not None:  # on-policy check; the update used the trainer's own log-probs
+            metrics.update(logprob_gap(batch.sampler_logprobs.to(self.device), res.old_logprobs,
+                                       batch.response_mask.to(self.device)))
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_sq = res.grad_sq_norm  # of the gradient about to be applied, over all ranks
         times["time/norms"] = time.perf_counter() - t2
@@ -242,7 +247,6 @@ class Trainer:
             if cfg.optim.grad_clip > 0:
                 clip_grads_(params, cfg.optim.grad_clip, grad_sq)
             self.optimizer.step()
-            self.engine.sync_weights(self.model)
             for _ in range(cfg.algorithm.epochs - 1):
                 self.optimizer.zero_grad(set_to_none=True)
                 metrics.update(data_parallel_clipped_gradient(self.model, batch, res, self.settings, self.parallel,
@@ -250,7 +254,9 @@ class Trainer:
                 if cfg.optim.grad_clip > 0:
                     clip_grads_(params, cfg.optim.grad_clip, grad_sq_norm(params))
                 self.optimizer.step()
-                self.engine.sync_weights(self.model)
+            t_sync = time.perf_counter()
+            self.engine.sync_weights(self.model)  # the next rollouts (and evals) use the updated weights
+            times["time/sync"] = time.perf_counter() - t_sync
         else:
             self.bad_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
