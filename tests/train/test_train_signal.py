@@ -65,6 +65,17 @@ def _rows(run_dir) -> dict[int, dict]:
     return {r["step"]: r for r in rows if "train/reward_mean" in r}
 
 
+def token_mean_entropy(model, batch) -> float:
+    """Mean over response tokens of the entropy of the model's next-token distribution (written out here,
+    not oblr's token_entropy)."""
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.double()
+    p = torch.softmax(logits[:, :-1], -1)
+    ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)  # predicts token t+1
+    mask = batch.response_mask[:, 1:].double()
+    return float((ent * mask).sum() / mask.sum())
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
@@ -89,6 +100,15 @@ def check_steps(trainer: Trainer, recorded: list[dict], *, update_tol: float = 2
         assert (rewards.std(-1) > 0).sum() >= 2, "groups must carry signal"
         ref = reference(model, batch, rewards, a.aggregation, a.baseline, max_len)
         assert row["train/reward_mean"] == pytest.approx(float(rewards.mean()), rel=1e-6)
+        # the reward-side signatures SPEC.md asks for, recomputed from the rewards and the batch
+        assert row["train/pass_rate"] == pytest.approx(float((rewards == 1).float().mean()), abs=1e-9)
+        assert row["train/pass_at_g"] == pytest.approx(float((rewards == 1).any(1).float().mean()), abs=1e-9)
+        equal = [len(set(g.tolist())) == 1 for g in rewards]
+        assert row["train/all_equal_share"] == pytest.approx(sum(equal) / N, abs=1e-9)
+        lengths = batch.response_mask.sum(-1).double()
+        assert row["train/response_length_mean"] == pytest.approx(float(lengths.mean()), rel=1e-9)
+        assert row["train/response_length_max"] == pytest.approx(float(lengths.max()), rel=1e-9)
+        assert row["train/entropy"] == pytest.approx(token_mean_entropy(model, batch), rel=1e-4)
         assert row["optim/grad_norm"] == pytest.approx(float(ref["grad"].norm()), rel=1e-4)
         assert row["baseline/mean"] == pytest.approx(float((rewards - ref["adv"]).mean()), rel=1e-4)
         assert row["adv/std"] == pytest.approx(float(ref["adv"].std(correction=0)), rel=1e-4)
