@@ -13,8 +13,9 @@ and LATEST pointing at a complete one; a crash mid-write leaves a hidden ``.step
 :func:`remove_orphans` deletes on the next start. On load, :func:`latest_checkpoint` checks each candidate
 against its manifest (sizes; ``deep=True`` also hashes) and falls back to the newest intact one, naming
 the damaged ones. The state saved carries the RNG state passed in (the trainer's, from the end of the last
-completed step), so a checkpoint written after an interrupt resumes the uninterrupted trajectory. A checkpoint folder is itself a Hugging Face checkpoint, so
-``oblr eval --model run/checkpoints/step_000020`` works.
+completed step), so a checkpoint written after an interrupt resumes the uninterrupted trajectory. A
+checkpoint folder is itself a Hugging Face checkpoint, so ``oblr eval --model run/checkpoints/step_000020``
+works.
 """
 
 from __future__ import annotations
