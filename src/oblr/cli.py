@@ -35,6 +35,20 @@ def _train_parser(sub) -> None:
     p.set_defaults(func=_cmd_train)
 
 
+def _saved_config(args) -> str | None:
+    """With ``--resume`` and no ``--config``: the run folder's own config.yaml (overrides apply on top)."""
+    from pathlib import Path
+
+    if not args.resume or args.config:
+        return None
+    out = args.output_dir
+    for o in args.overrides:
+        if o.startswith("train.output_dir="):
+            out = o.split("=", 1)[1]
+    saved = Path(out) / "config.yaml" if out else None
+    return str(saved) if saved is not None and saved.is_file() else None
+
+
 def _cmd_train(args) -> int:
     from oblr.config import load_config
     from oblr.train import train
@@ -42,7 +56,7 @@ def _cmd_train(args) -> int:
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config or _saved_config(args), overrides)
     train(cfg, resume=args.resume, quiet=args.quiet)
     return 0
 
@@ -103,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"oblr: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # a run that stopped (a full disk, non-finite steps): what and what is intact
+        trainer = sys.modules.get("oblr.train.trainer")  # not imported here: `oblr --help` stays fast
+        if trainer is None or not isinstance(e, trainer.TrainingError) or os.environ.get("OBLR_DEBUG"):
+            raise
+        print(f"oblr: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("oblr: interrupted", file=sys.stderr)
         return 130

@@ -48,8 +48,22 @@ def builtin_recipe(seed: int = 0) -> dict:
             "sft": dict(SFT_DEFAULTS)}
 
 
+def safetensors_intact(path: str | os.PathLike) -> bool:
+    """True when the safetensors file at ``path`` is as long as its header says (a truncated or damaged
+    file is not): 8-byte header length, JSON header, then the tensors' data up to the largest offset."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        return os.path.getsize(path) == 8 + n + end
+    except (OSError, ValueError, KeyError, TypeError, IndexError, MemoryError, OverflowError):
+        return False
+
+
 def is_current_build(path: str | os.PathLike) -> bool:
-    """True when ``path`` holds a complete build (metadata written) of the current default recipe."""
+    """True when ``path`` holds a complete build (metadata written) of the current default recipe whose
+    weights file is intact (a truncated cache is rebuilt)."""
     meta_path = Path(path) / METADATA_FILE
     if not meta_path.is_file() or not (Path(path) / "config.json").is_file():
         return False
@@ -57,7 +71,9 @@ def is_current_build(path: str | os.PathLike) -> bool:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError):
         return False
-    return meta.get("recipe") == builtin_recipe(meta.get("seed", 0))
+    weights = sorted(Path(path).glob("*.safetensors"))
+    return (meta.get("recipe") == builtin_recipe(meta.get("seed", 0)) and bool(weights)
+            and all(safetensors_intact(w) for w in weights))
 
 
 def builtin_config():

@@ -4,16 +4,24 @@ Layout of a run folder::
 
     run/checkpoints/step_000020/   model (save_pretrained: config + safetensors), tokenizer,
                                    trainer_state.pt (optimizer, lr controller, RNG states, step, data position)
+    run/checkpoints/step_000020/MANIFEST.json   size and sha256 of every other file (written last)
     run/checkpoints/LATEST         the name of the newest complete checkpoint
 
 A checkpoint is written into a temporary folder beside its final place and renamed when complete; LATEST
 is replaced atomically afterwards. A crash or a kill at any point leaves the previous checkpoint intact
-and LATEST pointing at a complete one. A checkpoint folder is itself a Hugging Face checkpoint, so
-``oblr eval --model run/checkpoints/step_000020`` works.
+and LATEST pointing at a complete one; a crash mid-write leaves a hidden ``.step_*.tmp<pid>`` folder that
+:func:`remove_orphans` deletes on the next start. On load, :func:`latest_checkpoint` checks each candidate
+against its manifest (sizes; ``deep=True`` also hashes) and falls back to the newest intact one, naming
+the damaged ones. The state saved carries the RNG state passed in (the trainer's, from the end of the last
+completed step), so a checkpoint written after an interrupt resumes the uninterrupted trajectory. A
+checkpoint folder is itself a Hugging Face checkpoint, so ``oblr eval --model run/checkpoints/step_000020``
+works.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import shutil
@@ -23,6 +31,7 @@ import numpy as np
 import torch
 
 STATE_FILE = "trainer_state.pt"
+MANIFEST = "MANIFEST.json"
 
 
 def rng_state() -> dict:
@@ -61,8 +70,60 @@ def write_text_atomic(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """``folder/MANIFEST.json``: ``{file name: {"size": bytes, "sha256": hex}}`` of every other file."""
+    files = {f.name: {"size": f.stat().st_size, "sha256": _sha256(f)}
+             for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST}
+    with open(folder / MANIFEST, "w") as f:
+        json.dump({"files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def checkpoint_problem(ckpt: Path, *, deep: bool = False) -> str | None:
+    """Why ``ckpt`` cannot be loaded (a missing, truncated or, with ``deep``, altered file), or None when it
+    is intact. A checkpoint written before manifests existed is checked for its state file only."""
+    ckpt = Path(ckpt)
+    if not (ckpt / STATE_FILE).is_file():
+        return f"{STATE_FILE} is missing"
+    if not (ckpt / MANIFEST).is_file():
+        return None
+    try:
+        files = json.loads((ckpt / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{MANIFEST} is unreadable"
+    for name, want in files.items():
+        f = ckpt / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != want["size"]:
+            return f"{name} has {f.stat().st_size} bytes, {want['size']} were written"
+        if deep and _sha256(f) != want["sha256"]:
+            return f"{name} has changed since it was written (sha256 differs)"
+    return None
+
+
+def remove_orphans(run_dir: str | Path) -> list[str]:
+    """Delete the hidden temporary folders of checkpoint writes that never finished (``.step_*.tmp<pid>``,
+    ``.step_*.old<pid>``). Only call it while holding the run folder's lock. Returns the names removed."""
+    root = Path(run_dir) / "checkpoints"
+    gone = [p for p in root.glob(".step_*") if p.is_dir() and (".tmp" in p.name or ".old" in p.name)]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return [p.name for p in gone]
+
+
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dict, *, keep: int = 2) -> Path:
-    """Write ``run_dir/checkpoints/step_{step:06d}`` atomically; prune to the ``keep`` newest. Returns its path."""
+    """Write ``run_dir/checkpoints/step_{step:06d}`` atomically; prune to the ``keep`` newest. Returns its path.
+    The RNG state saved is ``state["rng"]`` when given (else the current one)."""
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
@@ -75,11 +136,12 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        torch.save({**state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+        torch.save({**state, "step": step, "rng": state.get("rng") or rng_state()}, tmp / STATE_FILE)
         for f in tmp.iterdir():
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
+        write_manifest(tmp)  # last: its presence and sizes mark every other file as complete
         if final.exists():  # re-saving the same step (e.g. interrupt right after a periodic save)
             old = ckpt_root / f".{name}.old{os.getpid()}"
             os.replace(final, old)
@@ -98,16 +160,26 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
     return final
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run, or None."""
+def latest_checkpoint(run_dir: str | Path, *, deep: bool = False, warn=None) -> Path | None:
+    """The newest intact checkpoint of a run (the one LATEST names first, then the others newest first), or
+    None. Each damaged one passed over is reported through ``warn(message)``; ``deep`` hashes the files."""
     ckpt_root = Path(run_dir) / "checkpoints"
     pointer = ckpt_root / "LATEST"
-    if pointer.is_file():
-        p = ckpt_root / pointer.read_text().strip()
-        if (p / STATE_FILE).is_file():
+    candidates = sorted((p for p in ckpt_root.glob("step_*") if p.is_dir()), reverse=True)
+    try:
+        named = ckpt_root / pointer.read_text().strip() if pointer.is_file() else None
+    except OSError:
+        named = None
+    if named is not None and named in candidates:
+        candidates.remove(named)
+        candidates.insert(0, named)
+    for p in candidates:
+        problem = checkpoint_problem(p, deep=deep)
+        if problem is None:
             return p
-    complete = sorted(p for p in ckpt_root.glob("step_*") if (p / STATE_FILE).is_file())
-    return complete[-1] if complete else None
+        if warn is not None:
+            warn(f"warning: checkpoint {p} is damaged ({problem}); falling back to an earlier one")
+    return None
 
 
 def load_trainer_state(ckpt: Path) -> dict:

@@ -5,10 +5,18 @@ A run folder holds ``config.yaml``, ``metrics.jsonl``, ``summary.json``, ``plots
 overwrite one that already holds a run (``--resume`` continues it instead, and only with a config that
 differs in :data:`RESUMABLE_CHANGES` at most). :func:`config_diff` compares a saved ``config.yaml`` with a
 config; the experiment grid uses it too (:func:`oblr.experiments.grid.decide`).
+
+A run folder belongs to one process at a time: :func:`lock_run_dir` takes an OS lock (``flock``) on
+``.oblr.lock`` inside it for the whole run; the kernel releases it when the process ends, however it ends,
+so a killed run never leaves a stale lock. :func:`check_writable` finds a read-only or misplaced output
+folder (or cache) before any model loads.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 from datetime import datetime
 from pathlib import Path
 
@@ -16,6 +24,8 @@ import yaml
 
 from oblr.config import Config, ConfigError, config_from_dict
 from oblr.train.checkpoint import latest_checkpoint
+
+LOCK_FILE = ".oblr.lock"
 
 # config keys that may differ between a run and its resumption (everything else must match)
 RESUMABLE_CHANGES = frozenset({"train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints",
@@ -52,19 +62,70 @@ def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{stamp}-{cfg.algorithm.baseline}-{cfg.algorithm.lr_schedule}"
 
 
+def check_writable(folder: Path, what: str, *, hint: str = "") -> None:
+    """Raise :class:`ConfigError` (one line) unless ``folder`` is, or can be made, a writable folder: a file
+    where a folder (or one of its parents) should be, or a read-only or full file system, is named. Creates
+    the folder; writes and removes one probe file."""
+    folder = Path(folder)
+    for parent in (folder, *folder.parents):
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"{what} {folder}: {parent} is a file, not a folder{hint and '; ' + hint}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".oblr-write-test-{os.getpid()}"
+        with open(probe, "w") as f:
+            f.write("x")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{what} {folder} is not writable: {e.strerror or e}{hint and '; ' + hint}") from None
+
+
+def lock_run_dir(run_dir: Path):
+    """Take the run folder's lock (creating the folder); returns the open lock file -- keep it open for the
+    run, closing it releases the lock. Raises :class:`ConfigError` naming the folder and the owner's pid
+    when another process holds it."""
+    check_writable(run_dir, "run folder")
+    fh = open(Path(run_dir) / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        fh.seek(0)
+        owner = fh.read().strip() or "unknown"
+        fh.close()
+        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            raise ConfigError(f"run folder {run_dir} is in use by another oblr process (pid {owner}); "
+                              f"wait for it to finish or choose another --output-dir") from None
+        raise
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
+def holds_run(run_dir: Path) -> bool:
+    """A checkpoint, or a non-empty metrics file (a run that logged before it could save)."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    return latest_checkpoint(run_dir) is not None or (metrics.is_file() and metrics.stat().st_size > 0)
+
+
 def resolve_run_dir(cfg: Config, *, resume: bool) -> Path:
     """The run folder of ``cfg`` (``train.output_dir`` or :func:`default_run_dir`), checked: without
-    ``resume`` it must not hold a run; with ``resume`` it must hold a checkpoint and a config that differs
-    from ``cfg`` only in :data:`RESUMABLE_CHANGES`. Raises :class:`ConfigError`; nothing is written."""
+    ``resume`` it must not hold a run (:func:`holds_run`); with ``resume`` and a checkpoint, its config may
+    differ from ``cfg`` only in :data:`RESUMABLE_CHANGES` (with no checkpoint the run restarts from step 0,
+    with ``cfg``). Raises :class:`ConfigError`; nothing is written."""
     run_dir = Path(cfg.train.output_dir) if cfg.train.output_dir else default_run_dir(cfg)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run folder {run_dir} is a file, not a folder")
     has_ckpt = latest_checkpoint(run_dir) is not None
-    if resume and not has_ckpt:
-        raise ConfigError(f"--resume: no checkpoint to resume in {run_dir}")
-    if not resume and (has_ckpt or (run_dir / "metrics.jsonl").exists()):
-        raise ConfigError(f"run folder {run_dir} already holds a run; pass --resume to continue it "
+    if resume and not run_dir.is_dir():
+        raise ConfigError(f"--resume: run folder {run_dir} does not exist")
+    if not resume and holds_run(run_dir):
+        what = "a run" if has_ckpt else "the metrics of a run that saved no checkpoint"
+        raise ConfigError(f"run folder {run_dir} already holds {what}; pass --resume to continue it "
                           f"or choose another --output-dir (nothing was overwritten)")
     saved = run_dir / "config.yaml"
-    if resume and saved.is_file():
+    if resume and has_ckpt and saved.is_file():
         diff = config_diff(saved, cfg)
         if diff is None:
             raise ConfigError(f"cannot resume: {saved} cannot be read as an oblr config")

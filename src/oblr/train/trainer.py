@@ -11,12 +11,19 @@ one step through it. Under torchrun (``distributed.strategy: ddp``, :mod:`oblr.t
 generates its block of the step's prompts, :func:`oblr.distributed.data_parallel_gradient` gives the
 global gradient and S, V (the same learning rate on every rank), evaluation is split over ranks and
 gathered, and rank 0 alone writes metrics, samples, checkpoints, plots and the summary.
+
+A run holds its folder's lock from start to end. The state changes of a step (update, logging) run with
+Ctrl-C held back (:mod:`oblr.train.interrupts`), and ``self._done`` keeps the last completed step with the
+RNG state from its end, so the checkpoint written after Ctrl-C is the one an uninterrupted run would have
+written. summary.json is written on every exit path and describes what metrics.jsonl holds.
+docs/faults.md lists what happens on each fault.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -42,9 +49,10 @@ from oblr.schedules import make_lr_controller
 from oblr.tasks import get_task, reward_scorer
 from oblr.tasks.base import RewardFailures, task_accepts
 from oblr.train import checkpoint as ckpt
+from oblr.train.interrupts import sigint_deferred
 from oblr.train.optimizers import make_optimizer
 from oblr.train.ranks import shared_run_dir, start
-from oblr.train.run_dir import resolve_run_dir
+from oblr.train.run_dir import check_writable, lock_run_dir, resolve_run_dir
 from oblr.update import UpdateSettings
 
 
@@ -74,6 +82,8 @@ class Trainer:
         self.dist, self.parallel = start(cfg)  # one-line refusals of a bad setup, before anything loads
         self.quiet = quiet or not self.dist.is_main
         self.run_dir = shared_run_dir(lambda: resolve_run_dir(cfg, resume=resume), self.dist)
+        self._saved_step = -1  # step of the newest checkpoint of this run (-1: none)
+        self._done = {"step": 0, "rng": None, "metrics": None, "logged": True}  # the last completed step
 
     # ------------------------------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -123,23 +133,28 @@ class Trainer:
         main = self.dist.is_main
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.resume:
-            self._restore()
-        elif main:
+        if not (self.resume and self._restore()) and main:
             save_config(cfg, self.run_dir / "config.yaml")
         # built with the restored weights; sync_weights after every optimizer step keeps it on-policy
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, batch_size=cfg.rollout.batch_size,
                                   **cfg.rollout.engine_options)
         self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.train.tensorboard, wandb=cfg.train.wandb,
-                                    config=cfg.to_dict(), resume=self.resume and self.start_step or False) \
+                                    config=cfg.to_dict(), resume=self.start_step if self._saved_step >= 0 else False) \
             if main else _NoLogger()
         self.progress = None if self.quiet else ProgressDisplay(cfg.train.steps)
         self.reward_failures = RewardFailures()
         self.score = reward_scorer(self.task, self.reward_failures)
         self.bad_steps = 0
 
-    def _restore(self) -> None:
-        path = ckpt.latest_checkpoint(self.run_dir)
+    def _restore(self) -> bool:
+        """Load the newest intact checkpoint; False (and the run restarts from step 0) when there is none."""
+        path = ckpt.latest_checkpoint(self.run_dir, deep=True, warn=self._warn)
+        if path is None:
+            metrics = self.run_dir / "metrics.jsonl"
+            if metrics.is_file():  # the rows of the attempt that saved nothing are kept aside, not appended to
+                metrics.replace(self.run_dir / "metrics.jsonl.restarted")
+            self._log(f"no checkpoint in {self.run_dir}; starting from step 0")
+            return False
         ckpt.load_weights_into(self.model, path)
         state = ckpt.load_trainer_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -148,12 +163,17 @@ class Trainer:
         self.history = state.get("history", self.history)
         ranks = state.get("rng_ranks")  # every rank's sampling state (a distributed run's checkpoint)
         ckpt.set_rng_state(ranks[self.dist.rank] if ranks and len(ranks) == self.dist.world_size else state["rng"])
+        self._saved_step = self.start_step
         self._log(f"resumed from {path} at step {self.start_step}")
+        return True
 
     # ------------------------------------------------------------------------------------------ pieces
     def _log(self, msg: str) -> None:
         if not self.quiet:
             print(f"[oblr] {msg}", flush=True)
+
+    def _warn(self, msg: str) -> None:
+        print(f"[oblr] {msg}", file=sys.stderr, flush=True)
 
     def _prompt_indices(self, step: int) -> list[int]:
         """N training prompts for ``step``: an epoch-wise shuffle that depends only on (seed, step)."""
@@ -199,7 +219,6 @@ class Trainer:
                 for row in rows:
                     f.write(json.dumps(row) + "\n")
         out["time/eval"] = time.perf_counter() - t0
-        self.history["eval"].append({"step": step, **out})
         return out
 
     def train_step(self, step: int) -> dict:
@@ -234,10 +253,16 @@ class Trainer:
         if batch.sampler_logprobs is not None:  # on-policy check; the update used the trainer's own log-probs
             metrics.update(logprob_gap(batch.sampler_logprobs.to(self.device), res.old_logprobs,
                                        batch.response_mask.to(self.device)))
-        params = [p for p in self.model.parameters() if p.requires_grad]
         grad_sq = res.grad_sq_norm  # of the gradient about to be applied, over all ranks
         times["time/norms"] = time.perf_counter() - t2
 
+        with sigint_deferred():  # from here the step changes state: it completes, or Ctrl-C waits for it
+            return self._finish_step(step, batch, rewards, up, grad_sq, metrics, times, t0, failures_before)
+
+    def _finish_step(self, step, batch, rewards, up, grad_sq, metrics, times, t0, failures_before) -> dict:
+        """The update and the step's metrics (runs with Ctrl-C held back); marks the step completed."""
+        cfg, res = self.cfg, up.update
+        params = [p for p in self.model.parameters() if p.requires_grad]
         t3 = time.perf_counter()
         finite = bool(torch.isfinite(grad_sq)) and bool(torch.isfinite(torch.as_tensor(metrics["optim/loss"])))
         metrics["optim/grad_norm"] = grad_sq.sqrt()
@@ -283,57 +308,126 @@ class Trainer:
         times["time/step"] = time.perf_counter() - t0
         metrics.update(times)
         out = {k: _to_float(v) for k, v in metrics.items()}
+        self._done = {"step": step + 1, "rng": ckpt.rng_state(), "metrics": out, "logged": False}
         if not finite and self.bad_steps >= cfg.train.max_bad_steps:
-            self.logger.log(step + 1, out)
+            self._commit(step + 1, out)
             raise TrainingError(f"{self.bad_steps} consecutive steps had a non-finite loss or gradient; stopping. "
                                 f"The last checkpoint in {self.run_dir / 'checkpoints'} is intact.")
         return out
 
     def save(self, step: int) -> None:
-        """ddp: the replicated weights and optimizer state from rank 0, with every rank's sampling state."""
-        rng_ranks = all_gather_objects([ckpt.rng_state()])
+        """Checkpoint the state after ``step``, the last completed step: every rank's RNG state from the end
+        of that step (not of the moment, which a Ctrl-C inside the next step has moved on). ddp: the
+        replicated weights and optimizer state from rank 0."""
+        done = self._done["step"] == step and self._done["rng"] is not None
+        rng = self._done["rng"] if done else ckpt.rng_state()
+        rng_ranks = all_gather_objects([rng])
         if not self.dist.is_main:
             return
         state = {"optimizer": self.optimizer.state_dict(), "lr_controller": self.lr_ctrl.state_dict(),
-                 "history": self.history, "config": self.cfg.to_dict(), "rng_ranks": rng_ranks}
+                 "history": self.history, "config": self.cfg.to_dict(), "rng_ranks": rng_ranks, "rng": rng}
         ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer, state,
                              keep=self.cfg.train.keep_checkpoints)
+        self._saved_step = step
+
+    def _commit(self, step: int, metrics: dict) -> None:
+        """Log a row and, with it, its evaluation into the history the summary is built from."""
+        with sigint_deferred():
+            self.logger.log(step, metrics)
+            evals = {k: v for k, v in metrics.items() if k.startswith("eval/") or k == "time/eval"}
+            if evals:
+                self.history["eval"].append({"step": step, **evals})
+            if self._done["step"] == step:
+                self._done["logged"] = True
+
+    def _last_good(self) -> str:
+        last = ckpt.latest_checkpoint(self.run_dir)
+        return f"the last good checkpoint {last} is intact" if last else "no checkpoint was saved"
+
+    def _on_interrupt(self) -> str:
+        """After Ctrl-C: log the completed step if it was not yet, checkpoint it if it was not yet; says what
+        happened."""
+        done, resume = self._done, f"resume with --resume --output-dir {self.run_dir}"
+        if done["metrics"] is not None and not done["logged"]:
+            self._commit(done["step"], done["metrics"])
+        if done["step"] > max(self._saved_step, 0):
+            self.save(done["step"])
+            return f"interrupted after step {done['step']}; checkpoint saved; {resume}"
+        if self._saved_step >= 0:
+            return f"interrupted after step {done['step']}, whose checkpoint was already saved; {resume}"
+        return (f"interrupted before the first step completed; no checkpoint was saved "
+                f"(--resume --output-dir {self.run_dir} starts from step 0)")
 
     # ------------------------------------------------------------------------------------------ loop
     def run(self) -> dict:
         wall0 = time.perf_counter()
+        # rank 0 owns the folder: held until the run ends; the kernel frees it if the process dies
+        lock = lock_run_dir(self.run_dir) if self.dist.is_main else None
+        try:
+            return self._run(wall0)
+        finally:
+            if lock is not None:
+                lock.close()
+
+    def _check_model_cache(self) -> None:
+        """A built-in model that must be built needs a writable cache: checked before any work starts."""
+        from oblr.models import builtin_model_dir, is_builtin
+        from oblr.models.builtin import is_current_build
+
+        if is_builtin(self.cfg.model.name_or_path) and not is_current_build(builtin_model_dir()):
+            check_writable(builtin_model_dir().parent, "the built-in model must be built, but its cache folder",
+                           hint="set OBLR_CACHE_DIR to a writable folder")
+
+    def _run(self, wall0: float) -> dict:
+        main = self.dist.is_main
+        if main and self.cfg.train.output_dir:
+            resolve_run_dir(self.cfg, resume=self.resume)  # again, now that this process holds the folder
+        removed = ckpt.remove_orphans(self.run_dir) if main else []
+        if removed:
+            self._warn(f"removed {len(removed)} unfinished checkpoint folder(s) left by a crash: {', '.join(removed)}")
+        self._check_model_cache()
         self._setup()
         cfg, t = self.cfg, self.cfg.train
         step = self.start_step
+        self._done = {"step": step, "rng": ckpt.rng_state(), "metrics": None, "logged": True}
         self._log(f"run folder: {self.run_dir}  ({cfg.algorithm.baseline} baseline, {cfg.algorithm.lr_schedule} lr, "
                   f"N={cfg.rollout.prompts_per_step} G={cfg.rollout.group_size}, {t.steps} steps, device {self.device})")
+        status = "failed"
         try:
             if step == 0 and not self.history["eval"]:
-                self.logger.log(0, self.evaluate(0))
+                self._commit(0, self.evaluate(0))
             while step < t.steps:
                 metrics = self.train_step(step)
                 step += 1
                 if (t.eval_every and step % t.eval_every == 0) or step == t.steps:
                     metrics.update(self.evaluate(step))
-                self.logger.log(step, metrics)
+                self._commit(step, metrics)
                 if self.progress:
                     self.progress.update(step, metrics)
                 if (t.save_every and step % t.save_every == 0) or step == t.steps:
                     self.save(step)
+            status = "completed"
         except KeyboardInterrupt:
-            if step > self.start_step:
-                self.save(step)
-            self._log(f"interrupted at step {step}; checkpoint saved, resume with --resume "
-                      f"--output-dir {self.run_dir}")
+            status = "interrupted"
+            self._log(self._on_interrupt())
             raise
+        except OSError as e:  # a full disk, a folder made read-only under the run
+            status = "failed"
+            raise TrainingError(f"cannot write in {self.run_dir}: {e.strerror or e}"
+                                f"{f' ({e.filename})' if e.filename else ''}; {self._last_good()}") from None
         finally:
             if self.progress:
                 self.progress.close()
             self.logger.close()
             self.engine.close()
-        summary = self._summary(step, time.perf_counter() - wall0)
+            summary = self._summary(self._done["step"], time.perf_counter() - wall0, status)
+            if status != "completed" and main:
+                try:  # best effort: the disk may be the reason the run stopped
+                    ckpt.write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+                except OSError:
+                    pass
         shutdown()
-        if not self.dist.is_main:
+        if not main:
             return summary
         if t.plots:
             from oblr.experiments.report import plot_run
@@ -343,9 +437,10 @@ class Trainer:
         self._print_summary(summary)
         return summary
 
-    def _summary(self, steps: int, wall: float) -> dict:
+    def _summary(self, steps: int, wall: float, status: str = "completed") -> dict:
+        """The run's summary, from what metrics.jsonl holds: ``steps`` logged, the evaluations logged."""
         evals = self.history["eval"]
-        s = {"run_dir": str(self.run_dir), "baseline": self.cfg.algorithm.baseline,
+        s = {"run_dir": str(self.run_dir), "status": status, "baseline": self.cfg.algorithm.baseline,
              "lr_schedule": self.cfg.algorithm.lr_schedule, "seed": self.cfg.train.seed, "steps": steps,
              "wall_seconds": round(wall, 1), "eval_metric": "accuracy_sampled"}
         for kind in ("sampled", "greedy"):

@@ -1,0 +1,70 @@
+"""Damaged files: a truncated latest checkpoint is detected on load and the run resumes from the previous
+intact one with a warning; a truncated cached built-in model is rebuilt instead of ending in a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from fault_helpers import train_args, train_rows
+
+from oblr.cli import main
+from oblr.train.checkpoint import checkpoint_problem, latest_checkpoint
+
+
+def _truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def test_truncated_latest_checkpoint_falls_back_to_the_previous_one(small_builtin, tmp_path, capsys):
+    out = tmp_path / "run"
+    common = ["train.save_every=1", "train.eval_every=0", "task.eval_size=0"]
+    assert main(train_args(small_builtin, out, 2, *common)) == 0
+    first_run = train_rows(out)
+    _truncate(out / "checkpoints" / "step_000002" / "model.safetensors")
+    assert checkpoint_problem(out / "checkpoints" / "step_000002") is not None
+    assert latest_checkpoint(out).name == "step_000001"
+    capsys.readouterr()
+    assert main(train_args(small_builtin, out, 3, *common) + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "step_000002 is damaged (model.safetensors has" in err and "falling back" in err, err
+    again = train_rows(out)
+    assert sorted(again) == [1, 2, 3]
+    for key in ("train/reward_mean", "optim/grad_norm", "optim/lr"):  # step 2 replayed from step 1's checkpoint
+        assert again[2][key] == pytest.approx(first_run[2][key], rel=1e-6), key
+    assert checkpoint_problem(out / "checkpoints" / "step_000002", deep=True) is None  # rewritten whole
+
+
+def test_checkpoint_changed_in_place_is_caught_by_the_hash(small_builtin, tmp_path):
+    out = tmp_path / "run"
+    assert main(train_args(small_builtin, out, 1, "train.eval_every=0", "task.eval_size=0")) == 0
+    f = out / "checkpoints" / "step_000001" / "trainer_state.pt"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte flipped
+    f.write_bytes(bytes(data))
+    assert checkpoint_problem(f.parent) is None  # sizes alone do not see it
+    assert "sha256 differs" in checkpoint_problem(f.parent, deep=True)
+
+
+def test_truncated_cached_builtin_model_is_rebuilt(small_builtin, tmp_path, monkeypatch):
+    import oblr.models.builtin as builtin
+    from oblr.models import builtin_model_dir, resolve_model_path
+
+    monkeypatch.setenv("OBLR_CACHE_DIR", str(tmp_path / "cache"))
+    cached = builtin_model_dir()
+    shutil.copytree(small_builtin, cached)
+    meta = json.loads((cached / builtin.METADATA_FILE).read_text())
+    (cached / builtin.METADATA_FILE).write_text(json.dumps({**meta, "recipe": builtin.builtin_recipe(0)}))
+    assert builtin.is_current_build(cached)  # stands in for a complete cache of the current recipe
+    _truncate(cached / "model.safetensors", 0.9)
+    assert not builtin.is_current_build(cached)
+    built = []
+
+    def rebuild(path, **kw):  # the real build takes minutes; it is tested in tests/models
+        built.append(path)
+        return path
+
+    monkeypatch.setattr(builtin, "build_builtin_model", rebuild)
+    assert resolve_model_path("builtin") == cached and built == [cached]

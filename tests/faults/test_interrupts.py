@@ -1,0 +1,58 @@
+"""Ctrl-C (a real SIGINT to a real `oblr train` process): the resumed run equals the run that was never
+interrupted, and summary.json describes what metrics.jsonl holds, also when the signal lands in an
+evaluation."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fault_helpers import rows, start, stop, train_args, train_rows, wait_for
+
+from oblr.cli import main
+from oblr.train.checkpoint import latest_checkpoint, load_trainer_state
+
+COMPARED = ("train/reward_mean", "optim/grad_norm", "optim/lr", "snr/S", "snr/V", "train/response_length_mean",
+            "train/entropy")
+
+
+def test_ctrl_c_then_resume_equals_the_uninterrupted_run(small_builtin, tmp_path):
+    a, b = tmp_path / "interrupted", tmp_path / "straight"
+    common = ["train.save_every=0", "train.eval_every=0", "task.eval_size=0"]
+    proc = start(train_args(small_builtin, a, 500, *common))
+    wait_for(proc, lambda: len(train_rows(a)) >= 1)
+    # into the next step by half a step's time, so the signal most likely lands after it drew random numbers
+    # (where a checkpoint with the RNG state of the moment diverges); the assertions hold wherever it lands
+    time.sleep(0.5 * train_rows(a)[1]["time/step"])
+    rc, _, err = stop(proc)
+    assert rc == 130, err[-2000:]
+    k = load_trainer_state(latest_checkpoint(a))["step"]
+    assert sorted(train_rows(a)) == list(range(1, k + 1))  # the checkpoint is the last step logged
+    assert main(train_args(small_builtin, a, k + 2, *common) + ["--resume"]) == 0
+    assert main(train_args(small_builtin, b, k + 2, *common)) == 0
+    ra, rb = train_rows(a), train_rows(b)
+    assert sorted(ra) == sorted(rb) == list(range(1, k + 3))
+    for step in range(1, k + 3):
+        for key in COMPARED:
+            assert ra[step][key] == pytest.approx(rb[step][key], rel=1e-6, abs=1e-12), (step, key)
+
+
+def test_ctrl_c_during_evaluation_summary_matches_the_metrics_file(small_builtin, tmp_path):
+    """Every step evaluates on many prompts, so the signal most likely lands in an evaluation; whatever it
+    hits, summary.json says how many steps metrics.jsonl holds and its final accuracy is the last logged."""
+    out = tmp_path / "run"
+    proc = start(train_args(small_builtin, out, 500, "train.save_every=0", "train.eval_every=1",
+                            "task.eval_size=48", "train.eval_samples=2"))
+    wait_for(proc, lambda: len(train_rows(out)) >= 1)
+    rc, _, err = stop(proc)
+    assert rc == 130, err[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    logged = rows(out)
+    steps = max(train_rows(out))
+    evals = [r for r in logged if "eval/accuracy_sampled" in r]
+    assert summary["status"] == "interrupted" and summary["steps"] == steps
+    assert max(r["step"] for r in logged) == steps
+    assert summary["eval_accuracy_final"] == evals[-1]["eval/accuracy_sampled"]
+    assert summary["eval_accuracy_initial"] == evals[0]["eval/accuracy_sampled"]
+    assert load_trainer_state(latest_checkpoint(out))["step"] == steps
