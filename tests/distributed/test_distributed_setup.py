@@ -141,7 +141,10 @@ def test_data_parallel_step_in_one_process_is_the_one_process_step():
     ref = one_process_step(tiny_qwen3().train(), tiny_qwen3().requires_grad_(False), sc)
     got = data_parallel_step(tiny_qwen3().train(), tiny_qwen3().requires_grad_(False), sc, make_parallel("ddp"), 0, 1)
     assert all(torch.equal(a, b) for a, b in zip(got["grads"], ref["grads"]))
-    assert got["lr"] == ref["lr"] and float(got["S"]) == float(ref["S"]) and torch.equal(got["gks"], ref["gks"])
+    assert torch.equal(got["gks"], ref["gks"])
+    # S (a difference, ||gbar||^2 - V/N) comes from the update's float32 ||.grad||^2 in one process and from
+    # the float64 one in the reference: equal to float32 rounding amplified by the cancellation
+    assert got["lr"] == pytest.approx(ref["lr"], rel=1e-4) and float(got["S"]) == pytest.approx(float(ref["S"]), rel=1e-4)
     # after clipping (clip_grads_ with the float64 norm vs torch's clip_grad_norm_): equal to rounding
     for key in ("grads2", "params"):
         assert max(float((a - b).norm() / b.norm()) for a, b in zip(got[key], ref[key])) < 1e-6, key

@@ -114,7 +114,10 @@ def test_sigint_to_a_real_process_leaves_a_loadable_checkpoint(small_builtin, tm
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "oblr.cli", *_args(small_builtin, out, 500, "train.save_every=0",
                                                      "train.eval_every=0", "train.plots=false")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
+    from fault_helpers import sigint_default
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ},
+                            preexec_fn=sigint_default)
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:  # wait for a finished step, not a fixed time
