@@ -29,6 +29,7 @@ from oblr.estimators import Estimate
 from oblr.losses import BatchTotals
 from oblr.snr import SNRStats, snr_statistics
 from oblr.update import UpdateResult, UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
+from oblr.update import grad_sq_norm as update_grad_sq_norm
 
 from .collectives import all_gather_cat, broadcast_, global_totals, grad_sq_norm, reduce_metrics
 from .env import is_distributed
@@ -80,9 +81,10 @@ def data_parallel_gradient(model, batch, rewards: torch.Tensor, settings: Update
     if not is_distributed():  # one process: the ordinary step, bit for bit
         res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=ref_model)
         st = res.snr
-        # the norm of the .grad about to be applied, read back as in the multi-process branch (the
-        # trainer's finite check must see exactly what the optimizer will apply)
-        res = dataclasses.replace(res, grad_sq_norm=grad_sq_norm(trainable(model)))
+        # the norm of the .grad about to be applied, read back with the update's own function (float32, so
+        # the one-process step stays bit for bit the ordinary one): the trainer's finite check sees exactly
+        # what the optimizer will apply
+        res = dataclasses.replace(res, grad_sq_norm=update_grad_sq_norm(model))
         return DataParallelUpdate(res, BatchTotals.of(rm), n_local, res.grad_sq_norm,
                                   *((st.S, st.V, st.snr) if st is not None else ()))
     totals = global_totals(rm)
