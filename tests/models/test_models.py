@@ -120,6 +120,35 @@ def test_builtin_name_resolves_to_cache_and_builds_once(tmp_path, monkeypatch):
     assert len(calls) == 2 and json.loads((target / bm.METADATA_FILE).read_text())["sft_steps"] == 2
 
 
+def test_concurrent_first_uses_build_the_model_once(tmp_path, monkeypatch):
+    """Two processes (here: threads with their own file descriptions) resolving 'builtin' at once: the
+    second waits for the first's build lock, then finds a current build and does not build again."""
+    import threading
+    import time
+
+    monkeypatch.setenv("OBLR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(bm.SFT_DEFAULTS, "sft_steps", 3)
+    monkeypatch.setitem(bm.SFT_DEFAULTS, "batch_size", 8)
+    monkeypatch.setattr(bm, "N_TRAIN", 200)
+    monkeypatch.setattr(bm, "N_MEASURE", 8)
+    calls, real = [], bm.build_builtin_model
+    started = threading.Event()
+
+    def slow_build(out, **kw):
+        calls.append(out)
+        started.set()
+        time.sleep(0.5)  # hold the lock while the other thread arrives
+        return real(out, progress=None, **kw)
+
+    monkeypatch.setattr(bm, "build_builtin_model", slow_build)
+    first = threading.Thread(target=resolve_model_path, args=("builtin",))
+    first.start()
+    started.wait(30)
+    assert resolve_model_path("builtin") == builtin_model_dir()  # blocks until the first build is published
+    first.join(60)
+    assert len(calls) == 1 and bm.is_current_build(builtin_model_dir())
+
+
 def test_publish_keeps_an_existing_complete_build(built, tmp_path):
     import shutil
 

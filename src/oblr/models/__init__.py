@@ -11,6 +11,8 @@ parameter dtypes by name (``model.dtype``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 from pathlib import Path
@@ -21,6 +23,19 @@ BUILTIN_DIRNAME = "tiny-arith-v1"
 # parameter dtypes by name (the config's choices) and the short aliases load_model_and_tokenizer accepts too
 DTYPES = ("float32", "bfloat16", "float16")
 _DTYPES = {**{d: d for d in DTYPES}, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    """Hold an OS lock (``flock``, released by the kernel if the process dies) beside the built-in model's
+    folder while it is built, so that concurrent first uses build it once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def cache_dir() -> Path:
@@ -67,8 +82,10 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, p
             if not build:
                 raise FileNotFoundError(f"built-in model not found at {path}; load it once with "
                                         f"load_model_and_tokenizer('builtin') to build it")
-            kw = {} if progress is None else {"progress": progress}
-            build_builtin_model(path, overwrite=True, **kw)  # replaces an incomplete or outdated build
+            with _build_lock(path):  # a second process (a grid's other job) waits, then loads the first's build
+                if not is_current_build(path):
+                    kw = {} if progress is None else {"progress": progress}
+                    build_builtin_model(path, overwrite=True, **kw)  # replaces an incomplete or outdated build
         return path
     path = Path(name).expanduser()
     if path.is_dir():
