@@ -6,7 +6,10 @@ One process (CPU)::
 
 Two processes (CPU, gloo; the generation batch is split by whole groups, S/V/lr are the same on both)::
 
-    accelerate launch --cpu --num_processes 2 examples/trl_grpo_oblr.py --max-steps 100
+    accelerate launch --multi_gpu --num_processes 2 --main_process_port 0 examples/trl_grpo_oblr.py --max-steps 100
+
+(``--multi_gpu`` selects accelerate's multi-process launcher; without CUDA the processes run on the CPU with
+gloo. ``--cpu --num_processes 2`` would start one process.)
 
 On GPUs, DeepSpeed ZeRO-3 and vLLM colocate: see docs/trl.md. The run writes ``<output-dir>/summary.json``
 (held-out sampled accuracy before/after, wall time, TRL's log history with the ``oblr/`` metrics).

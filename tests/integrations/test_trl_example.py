@@ -1,19 +1,19 @@
-"""examples/trl_grpo_oblr.py runs end to end (a few steps), on one process and under torchrun with 2 (gloo),
-and logs the oblr/ metrics into TRL's log history."""
+"""examples/trl_grpo_oblr.py runs end to end (a few steps) on one process (its ``main``, in this process) and on
+2 processes under ``accelerate launch`` (gloo; the launch of conftest.py::two_process_run), and logs the oblr/
+metrics into TRL's log history."""
 
+import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("trl")
 
+from .trl_helpers import EXAMPLE_SHORT_ARGS  # noqa: E402
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo_oblr.py"
-SHORT = ["--max-steps", "2", "--prompts-per-step", "4", "--num-generations", "4", "--max-completion-length", "8",
-         "--eval-problems", "4"]
 
 
 def _check(out_dir: Path, processes: int) -> None:
@@ -27,18 +27,17 @@ def _check(out_dir: Path, processes: int) -> None:
         assert h["learning_rate"] == pytest.approx(h["oblr/lr"])
 
 
-def test_example_one_process(small_builtin, tmp_path):
-    p = subprocess.run([sys.executable, str(EXAMPLE), "--model", str(small_builtin), "--output-dir", str(tmp_path),
-                        *SHORT], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-4000:]
-    assert "[oblr/trl] 1 process(es), 2 steps" in p.stdout
+def test_example_one_process(trl_model, tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("trl_grpo_oblr", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(["--model", str(trl_model), "--output-dir", str(tmp_path), *EXAMPLE_SHORT_ARGS,
+                  "--threads", str(torch.get_num_threads())])  # the test process's thread count stays as it is
+    assert "[oblr/trl] 1 process(es), 2 steps" in capsys.readouterr().out
     _check(tmp_path, 1)
 
 
-def test_example_two_processes(small_builtin, tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        str(EXAMPLE), "--model", str(small_builtin), "--output-dir", str(tmp_path), *SHORT],
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert p.returncode == 0, p.stderr[-4000:]
-    _check(tmp_path, 2)
+def test_example_two_processes(two_process_run):
+    assert two_process_run.returncode == 0, two_process_run.output()
+    assert "[oblr/trl] 2 process(es), 2 steps" in two_process_run.log.read_text(errors="replace")
+    _check(two_process_run.out / "example", 2)

@@ -1,9 +1,20 @@
-"""Helpers for the TRL integration tests: a small trainer on the built-in task and a one-sequence-at-a-time reference."""
+"""Helpers for the TRL integration tests: a small trainer on the built-in task, a one-sequence-at-a-time
+reference, a recorder of every generation batch, and the 2-process ``accelerate launch`` (CPU, gloo)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 from transformers import TrainerCallback
+
+#: examples/trl_grpo_oblr.py settings for a test-sized run: 2 steps of 4 prompts x 4 completions, 8 new tokens
+EXAMPLE_SHORT_ARGS = ["--max-steps", "2", "--prompts-per-step", "4", "--num-generations", "4",
+                      "--max-completion-length", "8", "--eval-problems", "4"]
 
 
 def varied_reward(prompts, completions, **kwargs) -> list[float]:
@@ -49,6 +60,21 @@ class GradSnapshot(TrainerCallback):
                                      .double() for p in params]))
 
 
+class KeepRounds:
+    """Wraps ``trainer._generate_and_score_completions`` to keep every generation batch's
+    ``(RoundInputs, RoundResult)`` (``trainer.oblr_last_round`` only holds the last one)."""
+
+    def __init__(self, trainer):
+        self.rounds: list = []
+        self.trainer, self._orig = trainer, trainer._generate_and_score_completions
+        trainer._generate_and_score_completions = self
+
+    def __call__(self, inputs):
+        out = self._orig(inputs)
+        self.rounds.append(self.trainer.oblr_last_round)
+        return out
+
+
 def one_at_a_time_grads(model, input_ids, attention_mask, response_mask, temperature: float = 1.0) -> torch.Tensor:
     """Row i: the gradient of sum_t response_mask log softmax(logits / T) for sequence i ALONE (its padding
     stripped, its own forward and backward), flattened over the trainable parameters. [B, P] float64."""
@@ -71,3 +97,47 @@ def one_at_a_time_grads(model, input_ids, attention_mask, response_mask, tempera
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
     return float((a - b).norm() / b.norm().clamp(min=1e-300))
+
+
+def accelerate_launch_two_cpu_processes(script: Path, args: list[str], log: Path, timeout: float = 600) -> int:
+    """Run ``script args`` as 2 processes under ``accelerate launch`` and return the launcher's exit status.
+
+    ``--multi_gpu`` selects accelerate's multi-process launcher (``torch.distributed.run`` underneath) whatever
+    the device; the script asks for the CPU (``use_cpu=True``), so accelerate joins the processes with gloo.
+    (``--cpu --num_processes 2`` would start ONE process: accelerate's CPU launcher needs mpirun for more.)
+    ``--main_process_port 0``: accelerate picks a free port (its default, the fixed 29500, is left only when
+    taken at the moment it checks, which races with other launches on the machine). One thread per process. Output goes to ``log`` (a file, no pipe to fill). On timeout the launcher
+    gets SIGTERM (it stops its workers), then everything it started that is still alive gets SIGKILL, and
+    ``subprocess.TimeoutExpired`` is raised.
+    """
+    import psutil  # a dependency of accelerate
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+           str(script), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with open(log, "wb") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        try:
+            return p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                started = psutil.Process(p.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                started = []
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            for c in started:
+                try:
+                    c.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            raise
+
+
+def log_tail(log: Path, n: int = 6000) -> str:
+    return log.read_text(errors="replace")[-n:] if log.exists() else f"(no log at {log})"

@@ -1,10 +1,18 @@
-"""Run by test_trl_distributed.py under ``torchrun --nproc_per_node 2`` (gloo, CPU, one thread per process).
+"""Run by ``tests/integrations/conftest.py::two_process_run`` as 2 processes under ``accelerate launch`` (CPU,
+gloo, one thread each). argv: MODEL_DIR OUT_DIR.
 
-Trains an OBLRGRPOTrainer for ``steps`` optimizer steps on the model at argv[1] and writes, per rank, to
-``argv[2]/rank{r}.pt``: the local rows of every generation batch, the synchronised gradient before each
-optimizer step and TRL's log history (with the ``oblr/`` metrics).
+1. The exactness run: an OBLRGRPOTrainer (varied reward, 1 optimizer step) on the model at MODEL_DIR; each rank
+   writes ``OUT_DIR/rank{r}.pt``: its local rows of every generation batch, the synchronised gradient before each
+   optimizer step, TRL's log history (with the ``oblr/`` metrics), the world size, and the message for a
+   per-process batch that would split a group across the 2 processes.
+2. The example, ``examples/trl_grpo_oblr.py``, called through its ``main`` with ``EXAMPLE_SHORT_ARGS`` in the
+   same 2 processes; rank 0 writes ``OUT_DIR/example/summary.json``.
+
+One launch for both, because starting 2 processes that import torch, transformers and TRL costs more than either
+run. The checks are in test_trl_distributed.py and test_trl_example.py.
 """
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -14,24 +22,16 @@ torch.set_num_threads(1)
 
 from oblr.models import load_model_and_tokenizer  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.integrations.trl_helpers import GradSnapshot, make_trainer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.integrations.trl_helpers import EXAMPLE_SHORT_ARGS, GradSnapshot, KeepRounds, make_trainer  # noqa: E402
+
+ROUND_FIELDS = ("input_ids", "attention_mask", "response_mask", "rewards", "seq_scale")
 
 
-class _KeepRounds:
-    """Wraps ``_generate_and_score_completions`` to keep every round's local inputs (a copy)."""
-
-    def __init__(self, trainer):
-        self.rounds, self._orig = [], trainer._generate_and_score_completions
-        trainer._generate_and_score_completions = self
-        self.trainer = trainer
-
-    def __call__(self, inputs):
-        out = self._orig(inputs)
-        b = self.trainer.oblr_last_round[0]
-        self.rounds.append({k: getattr(b, k).detach().clone() for k in
-                            ("input_ids", "attention_mask", "response_mask", "rewards", "seq_scale")})
-        return out
+# The first config of the process creates the process group: a collective that waits 5 minutes then fails with
+# its traceback, before the test's launch timeout.
+DDP_TIMEOUT = 300
 
 
 def split_group_refusal(out_dir: str) -> str:
@@ -40,26 +40,34 @@ def split_group_refusal(out_dir: str) -> str:
 
     try:
         OBLRGRPOConfig(output_dir=out_dir, per_device_train_batch_size=2, num_generations=4, use_cpu=True,
-                       ddp_backend="gloo", report_to=[])
+                       ddp_backend="gloo", ddp_timeout=DDP_TIMEOUT, report_to=[])
     except ValueError as e:
         return str(e)
     return "accepted"
 
 
-def main(model_dir: str, out_dir: str, steps: int) -> None:
+def exactness_run(model_dir: str, out_dir: str) -> None:
     refused = split_group_refusal(out_dir)
     model, tok = load_model_and_tokenizer(model_dir)
-    trainer = make_trainer(model, tok, Path(out_dir) / "trainer", per_device_train_batch_size=8, max_steps=steps,
-                           ddp_backend="gloo", temperature=0.9, oblr_snr_ema=0.5)
-    keep = _KeepRounds(trainer)
+    trainer = make_trainer(model, tok, Path(out_dir) / "trainer", per_device_train_batch_size=8, max_steps=1,
+                           ddp_backend="gloo", ddp_timeout=DDP_TIMEOUT, temperature=0.9, oblr_snr_ema=0.5)
+    keep = KeepRounds(trainer)
     snap = GradSnapshot(lambda: trainer.model)
     trainer.add_callback(snap)
     trainer.train()
+    rounds = [{k: getattr(batch, k).detach().clone() for k in ROUND_FIELDS} for batch, _ in keep.rounds]
     rank = trainer.accelerator.process_index
-    torch.save({"rounds": keep.rounds, "grads": snap.grads, "logs": trainer.state.log_history,
-                "world": trainer.accelerator.num_processes,
-                "refused": refused}, Path(out_dir) / f"rank{rank}.pt")
+    torch.save({"rounds": rounds, "grads": snap.grads, "logs": trainer.state.log_history,
+                "world": trainer.accelerator.num_processes, "refused": refused}, Path(out_dir) / f"rank{rank}.pt")
+
+
+def example_run(model_dir: str, out_dir: str) -> None:
+    spec = importlib.util.spec_from_file_location("trl_grpo_oblr", ROOT / "examples" / "trl_grpo_oblr.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(["--model", model_dir, "--output-dir", str(Path(out_dir) / "example"), *EXAMPLE_SHORT_ARGS])
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    exactness_run(sys.argv[1], sys.argv[2])
+    example_run(sys.argv[1], sys.argv[2])
