@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from fault_helpers import env, train_args, train_rows
 
 from oblr.train.checkpoint import latest_checkpoint, load_trainer_state
@@ -69,43 +70,85 @@ def _metrics_files(out: Path) -> list[str]:
     return sorted(p.name for p in out.rglob("*.jsonl*") if "samples" not in p.parts)
 
 
-def test_killed_rank_stops_the_run_and_resume_gives_the_uninterrupted_trajectory(small_builtin, tmp_path):
-    killed, straight = tmp_path / "killed", tmp_path / "straight"
+def _killed_run(model, out: Path, strategy: str, kill_rank: int) -> int:
+    """A 2-process run under torchrun, SIGKILL to ``kill_rank`` once a checkpoint exists (wherever the step
+    then is): the whole run must stop. Returns the step of the newest intact checkpoint."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                 "-m", "oblr.cli"]
-    proc = subprocess.Popen([*torchrun, *train_args(small_builtin, killed, 500, *COMMON,
-                                                    "distributed.strategy=ddp")],
+    proc = subprocess.Popen([*torchrun, *train_args(model, out, 500, *COMMON, f"distributed.strategy={strategy}")],
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         end = time.time() + DEADLINE
-        while not (killed / "checkpoints" / "LATEST").is_file():  # a checkpoint, then the kill, wherever it lands
+        while not (out / "checkpoints" / "LATEST").is_file():  # a checkpoint, then the kill, wherever it lands
             assert proc.poll() is None, proc.stderr.read()[-5000:]
             assert time.time() < end, "the run never saved a checkpoint"
             time.sleep(0.05)
-        rank0, rank1 = _rank_pid(proc.pid, 0), _rank_pid(proc.pid, 1)
-        assert rank0 and rank1
-        os.kill(rank1, signal.SIGKILL)
+        pids = [_rank_pid(proc.pid, 0), _rank_pid(proc.pid, 1)]
+        assert all(pids)
+        os.kill(pids[kill_rank], signal.SIGKILL)
         _, err = proc.communicate(timeout=DEADLINE)  # the whole run stops: never a hang
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    assert "SIGKILL" in err and "rank" in err, err[-3000:]  # torchrun names the rank that died and why
-    assert not _alive(rank0)  # the other rank was stopped too
-    k = load_trainer_state(latest_checkpoint(killed, deep=True))["step"]
+    assert "SIGKILL" in err and f"rank      : {kill_rank}" in err, err[-3000:]  # torchrun names the rank and why
+    assert not _alive(pids[1 - kill_rank])  # the other rank was stopped too
+    k = load_trainer_state(latest_checkpoint(out, deep=True))["step"]
     assert k >= 1
+    return k
 
-    # the run folder resumes (same world size), and an uninterrupted 2-process run gives the same trajectory
-    _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *COMMON) + ["--resume"]))
-    _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *COMMON)))
-    ra, rb = train_rows(killed), train_rows(straight)
-    assert sorted(ra) == sorted(rb) == list(range(1, k + 3))
-    for step in range(1, k + 3):
+
+def _same_trajectory(a: Path, b: Path, steps: int) -> None:
+    ra, rb = train_rows(a), train_rows(b)
+    assert sorted(ra) == sorted(rb) == list(range(1, steps + 1))
+    for step in range(1, steps + 1):
         for key in COMPARED:
             assert ra[step][key] == pytest.approx(rb[step][key], rel=1e-6, abs=1e-12), (step, key)
+
+
+def test_ddp_killed_rank_stops_the_run_and_resume_gives_the_uninterrupted_trajectory(small_builtin, tmp_path):
+    killed, straight = tmp_path / "killed", tmp_path / "straight"
+    k = _killed_run(small_builtin, killed, "ddp", kill_rank=1)
+    # the run folder resumes (same world size), and an uninterrupted 2-process run gives the same trajectory
+    _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *COMMON) + ["--resume"]))
+    _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *COMMON)))  # --nproc 2: ddp
+    _same_trajectory(killed, straight, k + 2)
     # one metrics file, written by rank 0 (rows without duplicates: train_rows would hide them)
     assert _metrics_files(straight) == _metrics_files(killed) == ["metrics.jsonl"]
     lines = (straight / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == len({line.split(",")[0] for line in lines}) == k + 3  # steps 0 (start) .. k + 2
     state = load_trainer_state(latest_checkpoint(straight))
-    assert state["step"] == k + 2 and len(state["rng_ranks"]) == 2
+    assert state["step"] == k + 2 and len(state["rng_ranks"]) == 2 and state["world_size"] == 2
+
+
+def test_fsdp_run_resumes_after_a_kill_and_ends_with_a_consolidated_checkpoint(small_builtin, tmp_path):
+    """fsdp: checkpoints hold the sharded model and optimizer state (torch.distributed.checkpoint); the
+    writer (rank 0) is killed; the resumed run follows the uninterrupted one; the last checkpoint also has
+    the consolidated Hugging Face weights, which load in one process and equal the shards."""
+    from oblr.models import is_sharded_checkpoint, load_model_and_tokenizer
+
+    killed, straight = tmp_path / "killed", tmp_path / "straight"
+    k = _killed_run(small_builtin, killed, "fsdp", kill_rank=0)
+    _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *COMMON) + ["--resume"]))
+    _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *COMMON, "distributed.strategy=fsdp")))
+    _same_trajectory(killed, straight, k + 2)
+    assert _metrics_files(straight) == ["metrics.jsonl"]
+
+    last, before = (straight / "checkpoints" / f"step_{k + 2:06d}", straight / "checkpoints" / f"step_{k + 1:06d}")
+    assert [p.name for p in sorted((straight / "checkpoints").glob("step_*"))] == [before.name, last.name]
+    assert (before / "sharded").is_dir() and not list(before.glob("*.safetensors"))  # shards only
+    assert (last / "sharded").is_dir() and list(last.glob("*.safetensors"))  # and the consolidated weights
+    assert not is_sharded_checkpoint(last) and is_sharded_checkpoint(before)
+    hf, _ = load_model_and_tokenizer(str(last))  # an ordinary Hugging Face checkpoint, one process
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    sd = hf.state_dict()
+    from oblr.distributed.sharded_state import load_sharded_weights
+
+    from_shards, _ = load_model_and_tokenizer(small_builtin)
+    load_sharded_weights(last / "sharded", from_shards)  # the same step's shards, read in one process
+    assert all(torch.equal(v, sd[n]) for n, v in from_shards.state_dict().items())
+    mid, _ = load_model_and_tokenizer(str(before))  # a sharded-only checkpoint also loads in one process
+    start, _ = load_model_and_tokenizer(small_builtin)
+    assert all(not torch.equal(v, mid.state_dict()[n]) for n, v in start.state_dict().items())  # training moved them
+    resumed = load_model_and_tokenizer(str(killed / "checkpoints" / last.name))[0].state_dict()
+    assert all(torch.allclose(v, resumed[n], rtol=1e-5, atol=1e-7) for n, v in sd.items())
