@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fault_helpers import env, train_args, train_rows
+from fault_helpers import env, rows, train_args, train_rows
 
 from oblr.train.checkpoint import latest_checkpoint, load_trainer_state
 
@@ -70,12 +70,12 @@ def _metrics_files(out: Path) -> list[str]:
     return sorted(p.name for p in out.rglob("*.jsonl*") if "samples" not in p.parts)
 
 
-def _killed_run(model, out: Path, strategy: str, kill_rank: int) -> int:
+def _killed_run(model, out: Path, strategy: str, kill_rank: int, *extra: str) -> int:
     """A 2-process run under torchrun, SIGKILL to ``kill_rank`` once a checkpoint exists (wherever the step
     then is): the whole run must stop. Returns the step of the newest intact checkpoint."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                 "-m", "oblr.cli"]
-    proc = subprocess.Popen([*torchrun, *train_args(model, out, 500, *COMMON, f"distributed.strategy={strategy}")],
+    proc = subprocess.Popen([*torchrun, *train_args(model, out, 500, *COMMON, *extra, f"distributed.strategy={strategy}")],
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         end = time.time() + DEADLINE
@@ -128,10 +128,15 @@ def test_fsdp_run_resumes_after_a_kill_and_ends_with_a_consolidated_checkpoint(s
     from oblr.models import is_sharded_checkpoint, load_model_and_tokenizer
 
     killed, straight = tmp_path / "killed", tmp_path / "straight"
-    k = _killed_run(small_builtin, killed, "fsdp", kill_rank=0)
-    _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *COMMON) + ["--resume"]))
-    _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *COMMON, "distributed.strategy=fsdp")))
+    evals = ["task.eval_size=3", "train.eval_samples=1"]  # at the start and the end; shares of 2 and 1 prompts
+    k = _killed_run(small_builtin, killed, "fsdp", 0, *evals)
+    _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *COMMON, *evals) + ["--resume"]))
+    _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *COMMON, *evals, "distributed.strategy=fsdp")))
     _same_trajectory(killed, straight, k + 2)
+    ea, eb = ([r for r in rows(run) if "eval/accuracy_greedy" in r] for run in (killed, straight))
+    assert [r["step"] for r in ea] == [r["step"] for r in eb] == [0, k + 2]  # evaluated at the start and the end
+    for key in ("eval/accuracy_sampled", "eval/accuracy_greedy", "eval/response_length_mean"):
+        assert ea[-1][key] == pytest.approx(eb[-1][key], rel=1e-6), key
     assert _metrics_files(straight) == ["metrics.jsonl"]
 
     last, before = (straight / "checkpoints" / f"step_{k + 2:06d}", straight / "checkpoints" / f"step_{k + 1:06d}")

@@ -52,5 +52,5 @@ def full_model_state(model: nn.Module) -> dict | None:
 def load_sharded_weights(folder: str | Path, model: nn.Module) -> None:
     """One process, no process group: the model weights of a sharded folder into an ordinary ``model``."""
     state = model.state_dict()
-    dcp.load({"model": state}, checkpoint_id=str(folder))
+    dcp.load({"model": state}, checkpoint_id=str(folder), no_dist=True)
     model.load_state_dict(state)
