@@ -13,6 +13,7 @@ fills a folder it is given.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
@@ -52,5 +53,7 @@ def full_model_state(model: nn.Module) -> dict | None:
 def load_sharded_weights(folder: str | Path, model: nn.Module) -> None:
     """One process, no process group: the model weights of a sharded folder into an ordinary ``model``."""
     state = model.state_dict()
-    dcp.load({"model": state}, checkpoint_id=str(folder), no_dist=True)
+    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized, assuming ... a single process": yes
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": state}, checkpoint_id=str(folder), no_dist=True)
     model.load_state_dict(state)
