@@ -1,4 +1,5 @@
-"""torchrun worker of tests/test_distributed_step.py: every scenario's data-parallel step; rank 0 saves them.
+"""torchrun worker of tests/test_distributed_step.py: every scenario's data-parallel step, the collectives and
+fsdp's generation context; rank 0 saves the results.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/distributed_worker.py OUT.pt
 """
@@ -40,10 +41,27 @@ def collectives(rank: int) -> dict:
             "totals": global_totals(mask)}
 
 
+def generation(rank: int) -> dict:
+    """fsdp's generation context: rank r runs r + 2 forwards (as ranks decoding prompts of different lengths
+    do), then the ranks meet in a collective; afterwards the model is sharded again and trains as before."""
+    parallel = make_parallel("fsdp")
+    model = parallel.prepare(tiny_qwen3())
+    ids = torch.arange(1, 9).view(2, 4)
+    with torch.no_grad(), parallel.generation(model):
+        inside = sorted({type(p).__name__ for p in model.parameters()})
+        for _ in range(rank + 2):
+            logits = model(input_ids=ids).logits
+    met = all_gather_objects([rank])  # reached by both ranks: no collective was left pending inside
+    after = sorted({type(p).__name__ for p in model.parameters()})
+    model(input_ids=ids).logits.sum().backward()  # the ordinary sharded forward/backward still works
+    return {"logits": logits, "met": met, "inside": inside, "after": after,
+            "grad_types": sorted({type(p.grad).__name__ for p in model.parameters()})}
+
+
 def main(out_path: str) -> None:
     torch.set_num_threads(1)
     env = init_distributed("gloo", "cpu")
-    results = {"world_size": env.world_size, "collectives": collectives(env.rank)}
+    results = {"world_size": env.world_size, "collectives": collectives(env.rank), "generation": generation(env.rank)}
     for sc in SCENARIOS:
         parallel = make_parallel(sc.mode, bucket_mb=sc.bucket_mb)
         model = parallel.prepare(tiny_qwen3().train())

@@ -31,6 +31,10 @@ def _train_parser(sub) -> None:
     p.add_argument("--output-dir", help="run folder (same as train.output_dir=...)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its last checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--nproc", type=int, metavar="K",
+                   help="train with K processes on this machine: starts `python -m torch.distributed.run --standalone "
+                        "--nproc_per_node K -m oblr.cli train ...` with the other arguments; distributed.strategy "
+                        "none becomes ddp; OMP_NUM_THREADS=1 unless set (docs/distributed.md)")
     add_plugin_option(p)
     p.set_defaults(func=_cmd_train)
 
@@ -56,9 +60,51 @@ def _cmd_train(args) -> int:
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
+    if args.nproc is not None:
+        return _launch_torchrun(args, overrides)
     cfg = load_config(args.config or _saved_config(args), overrides)
     train(cfg, resume=args.resume, quiet=args.quiet)
     return 0
+
+
+def torchrun_command(args, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """``(command, overrides)`` of ``oblr train --nproc K``: torchrun on this machine running ``oblr.cli train``
+    with the same arguments (``distributed.strategy=ddp`` added when the config says none and K > 1). The
+    config and the layout are checked here first, so a bad setup fails before any process starts."""
+    from oblr.config import ConfigError, load_config
+    from oblr.distributed import launched
+    from oblr.train.ranks import check_distributed
+
+    k = args.nproc
+    if k < 1:
+        raise ConfigError(f"--nproc must be >= 1, got {k}")
+    if launched():
+        raise ConfigError("--nproc starts torchrun itself, but this process was already started by a distributed "
+                          "launch (RANK/WORLD_SIZE are set); leave --nproc out under torchrun")
+    config = args.config or _saved_config(args)
+    if k > 1 and load_config(config, overrides).distributed.strategy == "none":
+        overrides = [*overrides, "distributed.strategy=ddp"]
+    cfg = load_config(config, overrides)
+    check_distributed(cfg, {"WORLD_SIZE": str(k), "RANK": "0"})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(k),
+           "-m", "oblr.cli", "train", *overrides]
+    if args.config:
+        cmd += ["--config", args.config]
+    for module in args.plugin:
+        cmd += ["--plugin", module]
+    cmd += [flag for flag, on in (("--resume", args.resume), ("--quiet", args.quiet)) if on]
+    return cmd, overrides
+
+
+def _launch_torchrun(args, overrides: list[str]) -> int:
+    """Replace this process by torchrun (signals and the exit status are torchrun's own)."""
+    cmd, _ = torchrun_command(args, overrides)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # one thread per process (torchrun's own default, said quietly)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, cmd, env)
+    return 1  # pragma: no cover -- execve does not return
 
 
 def _tasks_parser(sub) -> None:

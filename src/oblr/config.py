@@ -117,8 +117,9 @@ class TrainConfig:
 
 @dataclass
 class DistributedConfig:
-    strategy: str = opt("none", "how ranks started by torchrun share the model: none (one process), ddp "
-                        "(replicas), fsdp (FSDP2 shards; not yet in oblr train)",
+    strategy: str = opt("none", "how ranks started by torchrun (or oblr train --nproc K) share the model: none "
+                        "(one process), ddp (replicas), fsdp (FSDP2 shards; torch.distributed.checkpoint "
+                        "checkpoints, consolidated weights at the end)",
                         choices="oblr.distributed.parallel:PARALLEL")
     backend: str = opt("auto", "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")
     timeout_s: float = opt(600.0, "collective timeout: a dead rank stops the others after this long")

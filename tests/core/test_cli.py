@@ -92,3 +92,42 @@ def test_tasks_lists_every_registry(capsys):
                 "algorithm.norms_method", "optim.optimizer"):
         assert key in out
     assert "arithmetic" in out and "oblr" in out and "loop" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nproc", "0"], "--nproc must be >= 1, got 0"),
+    (["--nproc", "2", "rollout.prompts_per_step=3"], "N = 3 prompts per step do not split over 2 ranks"),
+    (["--nproc", "2", "distributed.backend=nccl", "model.device=cpu"], "backend 'nccl'"),
+])
+def test_nproc_refuses_a_bad_setup_in_one_line_before_torchrun_starts(no_model, capsys, monkeypatch, argv, message):
+    monkeypatch.setattr("os.execve", lambda *a: pytest.fail("torchrun must not start"))
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
+
+
+def test_nproc_inside_a_torchrun_launch_is_refused(no_model, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr("os.execve", lambda *a: pytest.fail("torchrun must not start"))
+    assert main(["train", "--nproc", "2"]) == 2
+    assert "leave --nproc out under torchrun" in capsys.readouterr().err
+
+
+def test_nproc_runs_torchrun_with_the_same_arguments(monkeypatch, tmp_path):
+    """The command that replaces the process (what the 2-process run of tests/distributed executes)."""
+    from oblr.cli import build_parser, torchrun_command
+
+    calls = []
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.execve", lambda exe, cmd, env: calls.append((exe, cmd, env)))
+    main(["train", "--nproc", "2", "train.steps=3", "--output-dir", str(tmp_path), "--resume", "--quiet"])
+    (exe, cmd, env), = calls
+    assert exe == sys.executable and env["OMP_NUM_THREADS"] == "1"
+    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                   "oblr.cli", "train", "train.steps=3", f"train.output_dir={tmp_path}", "distributed.strategy=ddp",
+                   "--resume", "--quiet"]
+    # one process keeps strategy none; plugins are passed on
+    args = build_parser().parse_args(["train", "--nproc", "1", "--plugin", PLUGIN])
+    cmd, overrides = torchrun_command(args, [])
+    assert cmd[5:] == ["1", "-m", "oblr.cli", "train", "--plugin", PLUGIN] and overrides == []

@@ -148,3 +148,27 @@ def test_data_parallel_step_in_one_process_is_the_one_process_step():
     # after clipping (clip_grads_ with the float64 norm vs torch's clip_grad_norm_): equal to rounding
     for key in ("grads2", "params"):
         assert max(float((a - b).norm() / b.norm()) for a, b in zip(got[key], ref[key])) < 1e-6, key
+
+
+@pytest.mark.parametrize("overrides, environ, message", [
+    (["distributed.strategy=fsdp"], NO_LAUNCH, "distributed.strategy 'fsdp' needs a distributed launch (torchrun"),
+    (["distributed.strategy=ddp"], NO_LAUNCH, "distributed.strategy 'ddp' needs a distributed launch"),
+    ([], {"WORLD_SIZE": "2", "RANK": "0"}, "torchrun started 2 processes but distributed.strategy is 'none'"),
+    (["distributed.strategy=fsdp", "model.lora_rank=4"], {"WORLD_SIZE": "2", "RANK": "0"},
+     "'fsdp' with LoRA (model.lora_rank > 0) is not supported"),
+    (["distributed.strategy=ddp", "rollout.prompts_per_step=3"], {"WORLD_SIZE": "2", "RANK": "0"},
+     "N = 3 prompts per step do not split over 2 ranks"),
+])
+def test_the_trainer_refuses_a_bad_distributed_setup_in_one_line(overrides, environ, message):
+    """What `oblr train` checks before the process group starts or a model loads (oblr.train.ranks)."""
+    from oblr.config import load_config
+    from oblr.train.ranks import check_distributed
+
+    with pytest.raises(DistributedSetupError) as e:
+        check_distributed(load_config(None, overrides), environ)
+    assert message in _one_line(e)
+    check_distributed(load_config(None, ["distributed.strategy=fsdp"]), {"WORLD_SIZE": "2", "RANK": "0"})
+    cfg = load_config(None, ["distributed.strategy=fsdp"])
+    cfg.rollout.engine = "vllm"  # (a valid choice where vLLM is installed)
+    with pytest.raises(DistributedSetupError, match="in-process engine only .rollout.engine=hf., not 'vllm'"):
+        check_distributed(cfg, {"WORLD_SIZE": "2", "RANK": "0"})

@@ -89,3 +89,12 @@ def test_collectives_on_two_ranks(worker_results):
     assert c["objects"] == ["r0", "r1", "r1"] and c["chosen"] == "run-0"
     t = c["totals"]  # rank 0: 2 x 5 mask, rank 1: 3 x 7
     assert (t.sequences, t.tokens, t.width) == (5, 31.0, 7)
+
+
+def test_fsdp_generation_context_lets_ranks_run_different_numbers_of_forwards(worker_results):
+    g = worker_results["generation"]
+    assert g["met"] == [0, 1]  # rank 0 ran 2 forwards, rank 1 ran 3, and both reached the next collective
+    assert g["inside"] == ["Parameter"] and g["after"] == ["DTensor"] and g["grad_types"] == ["DTensor"]
+    with torch.no_grad():  # the gathered model is the whole model
+        ref = tiny_qwen3()(input_ids=torch.arange(1, 9).view(2, 4)).logits
+    assert _rel(g["logits"], ref) < RTOL

@@ -8,7 +8,11 @@ Each mode is an object with one interface, used by :func:`oblr.distributed.step.
 - ``grad_sink()``: what the book-keeping path does with each parameter's gradient increment (None:
   ``.grad +=``, the ddp way; fsdp: a :class:`~oblr.distributed.fsdp.ShardedGradSink`);
 - ``reduce_grads(params)``: after the step's accumulation, make ``.grad`` the sum over ranks (ddp: one
-  bucketed all-reduce of every gradient; fsdp: flush the sink -- the plain path was reduced by FSDP2).
+  bucketed all-reduce of every gradient; fsdp: flush the sink -- the plain path was reduced by FSDP2);
+- ``generation(model)``: a context for sampling, in which a rank may run any number of forwards (ranks
+  generate different prompts, whose lengths differ): nothing for none and ddp; fsdp gathers the whole
+  model once on entry (one all-gather per FSDP module) and reshards it on exit, so decoding runs no
+  collective.
 
 ``ddp`` does not wrap the model in ``torch.nn.parallel.DistributedDataParallel``: the book-keeping
 backward computes no weight gradients through autograd, so DDP's all-reduce hooks would never fire.
@@ -19,9 +23,12 @@ bucketed all-reduce; docs/distributed.md has the numbers and the choice.
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
+
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from oblr.registry import Registry
 
@@ -50,6 +57,9 @@ class Single:
     def reduce_grads(self, params) -> None:
         pass
 
+    def generation(self, model: nn.Module):
+        return nullcontext()
+
 
 @PARALLEL.register("ddp")
 class Replicated:
@@ -73,6 +83,9 @@ class Replicated:
 
     def reduce_grads(self, params) -> None:
         all_reduce_grads(params, bucket_mb=self.bucket_mb)
+
+    def generation(self, model: nn.Module):
+        return nullcontext()
 
 
 @PARALLEL.register("fsdp")
@@ -100,6 +113,21 @@ class Sharded:
         if self._sink is not None:
             self._sink.flush()
             self._sink = None
+
+    @contextmanager
+    def generation(self, model: nn.Module):
+        """The whole model unsharded for sampling (memory: one full copy of the parameters per rank while
+        it lasts); the forwards inside run no collective, so ranks may run different numbers of them."""
+        modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        for m in modules:  # the same order on every rank: one all-gather each
+            m.unshard()
+        model.set_reshard_after_forward(False)
+        try:
+            yield
+        finally:
+            model.set_reshard_after_forward(self.reshard_after_forward)
+            for m in modules:
+                m.reshard()
 
 
 def make_parallel(mode: str, **options):

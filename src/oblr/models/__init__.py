@@ -5,7 +5,9 @@ One code path for real checkpoints and the built-in model: both go through
 (:func:`load_model_and_tokenizer`). The built-in model (``"builtin"`` or ``"builtin:tiny-arith"``) is a
 Qwen3-architecture checkpoint in ``$OBLR_CACHE_DIR/models/tiny-arith-v1`` (default ``~/.cache/oblr``),
 built by :func:`oblr.models.builtin.build_builtin_model` (tokenizer: :mod:`oblr.models.tokenizer`) the
-first time it is asked for. :func:`wrap_lora` adds LoRA adapters (peft). :data:`DTYPES` lists the
+first time it is asked for. A checkpoint of an FSDP run saved before the run's end holds its weights only
+as sharded state (``sharded/``): it is loaded in one process from its config and the shards
+(:func:`is_sharded_checkpoint`). :func:`wrap_lora` adds LoRA adapters (peft). :data:`DTYPES` lists the
 parameter dtypes by name (``model.dtype``).
 """
 
@@ -127,8 +129,11 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, *, dtype: str = "f
     path = resolve_model_path(name_or_path, progress=progress)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, _DTYPES[dtype]),
-                                                     trust_remote_code=trust_remote_code)
+        if is_sharded_checkpoint(path):
+            model = _from_sharded_checkpoint(path, getattr(torch, _DTYPES[dtype]), trust_remote_code)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, _DTYPES[dtype]),
+                                                         trust_remote_code=trust_remote_code)
     except OSError as e:
         raise FileNotFoundError(f"could not load model {name_or_path!r} from {path}: {e}") from e
     if tokenizer.pad_token is None:
@@ -141,6 +146,26 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, *, dtype: str = "f
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def is_sharded_checkpoint(path) -> bool:
+    """A checkpoint of an FSDP run written before its end: the model's weights only as sharded state
+    (``sharded/``, torch.distributed.checkpoint), no ``*.safetensors``."""
+    path = Path(path)
+    return path.is_dir() and (path / "sharded").is_dir() and not any(path.glob("*.safetensors"))
+
+
+def _from_sharded_checkpoint(path: Path, dtype, trust_remote_code: bool):
+    """The model of a sharded checkpoint in one process: built from its config.json, then the weights read
+    from the shards (:func:`oblr.distributed.sharded_state.load_sharded_weights`, no process group)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from oblr.distributed.sharded_state import load_sharded_weights
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    load_sharded_weights(Path(path) / "sharded", model)
+    return model
 
 
 def wrap_lora(model, *, rank: int, alpha: float, targets: list[str]):

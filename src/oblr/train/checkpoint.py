@@ -78,10 +78,15 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _files(folder: Path) -> list[Path]:
+    """Every file under ``folder`` (subfolders too: a sharded checkpoint's ``sharded/``), sorted."""
+    return sorted(f for f in Path(folder).rglob("*") if f.is_file())
+
+
 def write_manifest(folder: Path) -> None:
-    """``folder/MANIFEST.json``: ``{file name: {"size": bytes, "sha256": hex}}`` of every other file."""
-    files = {f.name: {"size": f.stat().st_size, "sha256": _sha256(f)}
-             for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST}
+    """``folder/MANIFEST.json``: ``{relative path: {"size": bytes, "sha256": hex}}`` of every other file."""
+    files = {f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": _sha256(f)}
+             for f in _files(folder) if f != Path(folder) / MANIFEST}
     with open(folder / MANIFEST, "w") as f:
         json.dump({"files": files}, f, indent=1)
         f.flush()
@@ -121,26 +126,28 @@ def remove_orphans(run_dir: str | Path) -> list[str]:
     return [p.name for p in gone]
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dict, *, keep: int = 2) -> Path:
-    """Write ``run_dir/checkpoints/step_{step:06d}`` atomically; prune to the ``keep`` newest. Returns its path.
-    The RNG state saved is ``state["rng"]`` when given (else the current one)."""
+def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
+    """Create (empty) the hidden temporary folder a checkpoint of ``step`` is written into; returns it."""
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    name = f"step_{step:06d}"
-    final = ckpt_root / name
-    tmp = ckpt_root / f".{name}.tmp{os.getpid()}"
+    tmp = ckpt_root / f".step_{step:06d}.tmp{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    return tmp
+
+
+def commit_checkpoint(run_dir: str | Path, step: int, tmp: Path, *, keep: int = 2) -> Path:
+    """Make the files written into ``tmp`` (:func:`begin_checkpoint`) the checkpoint of ``step``: fsync them,
+    write the manifest last, rename the folder into place, point LATEST at it, prune to the ``keep`` newest.
+    On any error the temporary folder is removed and the previous checkpoints are untouched."""
+    ckpt_root = Path(run_dir) / "checkpoints"
+    name = f"step_{step:06d}"
+    final = ckpt_root / name
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        torch.save({**state, "step": step, "rng": state.get("rng") or rng_state()}, tmp / STATE_FILE)
-        for f in tmp.iterdir():
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
+        for f in _files(tmp):
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
         write_manifest(tmp)  # last: its presence and sizes mark every other file as complete
         if final.exists():  # re-saving the same step (e.g. interrupt right after a periodic save)
             old = ckpt_root / f".{name}.old{os.getpid()}"
@@ -158,6 +165,27 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
     for old in complete[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def write_state(folder: Path, step: int, state: dict) -> None:
+    """``folder/trainer_state.pt``: ``state`` with its step; the RNG state is ``state["rng"]`` when given
+    (else the current one)."""
+    torch.save({**state, "step": step, "rng": state.get("rng") or rng_state()}, Path(folder) / STATE_FILE)
+
+
+def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dict, *, keep: int = 2) -> Path:
+    """Write ``run_dir/checkpoints/step_{step:06d}`` atomically (a Hugging Face checkpoint of ``model`` plus
+    :data:`STATE_FILE`); prune to the ``keep`` newest. Returns its path."""
+    tmp = begin_checkpoint(run_dir, step)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        write_state(tmp, step, state)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return commit_checkpoint(run_dir, step, tmp, keep=keep)
 
 
 def latest_checkpoint(run_dir: str | Path, *, deep: bool = False, warn=None) -> Path | None:

@@ -1,7 +1,8 @@
 """The trainer on many processes: the checks before anything loads, the process group, the run folder.
 
-``oblr train`` under ``torchrun --nproc_per_node W`` with ``distributed.strategy: ddp`` trains with the
-semantics of one process on the same global batch (docs/distributed.md): :func:`check_distributed` refuses
+``oblr train`` under ``torchrun --nproc_per_node W`` (or ``oblr train --nproc W``) with
+``distributed.strategy: ddp`` or ``fsdp`` trains with the semantics of one process on the same global batch
+(docs/distributed.md): :func:`check_distributed` refuses
 a setup that cannot work in one line before the model loads; :func:`start` initialises the process group
 (gloo on CPU, NCCL on CUDA) and makes the strategy (:data:`oblr.distributed.PARALLEL`); rank 0 chooses the
 run folder and every rank uses it (:func:`shared_run_dir`). Without a launch everything is one process.
@@ -26,8 +27,9 @@ from oblr.distributed import (
     resolve_backend,
 )
 
-# strategies oblr train can run today (fsdp's checkpoints -- torch.distributed.checkpoint -- are not wired yet)
-TRAINER_STRATEGIES = ("none", "ddp")
+# strategies oblr train runs (every registered one today; a plugin's own strategy would need the trainer's
+# checkpoint and generation hooks, so it is refused until it is wired)
+TRAINER_STRATEGIES = ("none", "ddp", "fsdp")
 
 
 def check_distributed(cfg: Config, environ: Mapping[str, str] | None = None) -> None:
@@ -43,6 +45,12 @@ def check_distributed(cfg: Config, environ: Mapping[str, str] | None = None) -> 
     elif world > 1:
         raise DistributedSetupError(f"torchrun started {world} processes but distributed.strategy is 'none'; "
                                     "set distributed.strategy=ddp (or start one process)")
+    if d.strategy == "fsdp" and cfg.model.lora_rank > 0:
+        raise DistributedSetupError("distributed.strategy 'fsdp' with LoRA (model.lora_rank > 0) is not supported; "
+                                    "use ddp, whose replicas train LoRA as one process does")
+    if d.strategy == "fsdp" and r.engine != "hf":
+        raise DistributedSetupError(f"distributed.strategy 'fsdp' samples with the in-process engine only "
+                                    f"(rollout.engine=hf), not {r.engine!r}")
     resolve_backend(d.backend, cfg.model.device)  # NCCL without CUDA, NCCL on CPU tensors
     check_layout(r.prompts_per_step, r.group_size, world, micro_batch_groups=cfg.algorithm.micro_batch_groups)
 

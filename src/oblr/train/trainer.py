@@ -7,10 +7,13 @@ task's reward (:func:`oblr.tasks.reward_scorer`), :func:`oblr.update.accumulate_
 ``.grad``, per-prompt norms and the :class:`oblr.snr.SNRStats`), the schedule (:mod:`oblr.schedules`),
 the optimizer (:mod:`oblr.train.optimizers`), the run folder (:mod:`oblr.train.run_dir`), checkpoints
 (:mod:`oblr.train.checkpoint`) and the metric sinks (:mod:`oblr.tracking`). docs/architecture.md follows
-one step through it. Under torchrun (``distributed.strategy: ddp``, :mod:`oblr.train.ranks`) each rank
-generates its block of the step's prompts, :func:`oblr.distributed.data_parallel_gradient` gives the
-global gradient and S, V (the same learning rate on every rank), evaluation is split over ranks and
-gathered, and rank 0 alone writes metrics, samples, checkpoints, plots and the summary.
+one step through it. Under torchrun (``distributed.strategy: ddp`` or ``fsdp``, :mod:`oblr.train.ranks`)
+each rank generates its block of the step's prompts, :func:`oblr.distributed.data_parallel_gradient` gives
+the global gradient and S, V (the same learning rate on every rank), evaluation is split over ranks and
+gathered, and rank 0 alone writes metrics, samples, plots and the summary. Checkpoints: ddp writes the
+replicated weights and optimizer state from rank 0; fsdp writes the sharded model and optimizer state with
+torch.distributed.checkpoint (every rank its shards, :mod:`oblr.distributed.sharded_state`) into the same
+atomic checkpoint folder, and the consolidated Hugging Face weights at the end of the run.
 
 A run holds its folder's lock from start to end. The state changes of a step (update, logging) run with
 Ctrl-C held back (:mod:`oblr.train.interrupts`), and ``self._done`` keeps the last completed step with the
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -34,6 +38,7 @@ from oblr.distributed import (
     all_gather_cat,
     all_gather_objects,
     all_reduce_sum,
+    broadcast_object,
     clip_grads_,
     data_parallel_clipped_gradient,
     data_parallel_gradient,
@@ -43,6 +48,7 @@ from oblr.distributed import (
     shutdown,
     split_evenly,
 )
+from oblr.distributed.sharded_state import SHARDED_DIR, full_model_state, load_sharded, save_sharded
 from oblr.logprobs import logprob_gap
 from oblr.rollout import generate_and_score, make_engine
 from oblr.schedules import make_lr_controller
@@ -118,11 +124,11 @@ class Trainer:
         m, o = cfg.model, cfg.optim
         if m.lora_rank > 0:
             self.model = wrap_lora(self.model, rank=m.lora_rank, alpha=m.lora_alpha, targets=m.lora_targets)
-        self.model = self.parallel.prepare(self.model)  # ddp: rank 0's weights on every rank
-        torch.manual_seed(rank_seed(cfg.train.seed, self.dist.rank))  # sampling differs per rank
         self.ref_model = None
-        if cfg.algorithm.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if cfg.algorithm.kl_coef > 0:  # the initial weights, placed like the policy (fsdp: sharded too)
+            self.ref_model = self.parallel.prepare(copy.deepcopy(self.model).eval().requires_grad_(False))
+        self.model = self.parallel.prepare(self.model)  # ddp: rank 0's weights on every rank; fsdp: shards
+        torch.manual_seed(rank_seed(cfg.train.seed, self.dist.rank))  # sampling differs per rank
         self.optimizer = make_optimizer(o.optimizer, [p for p in self.model.parameters() if p.requires_grad], o)
         self.lr_ctrl = make_lr_controller(cfg.algorithm.lr_schedule, self.optimizer, lr=o.lr, eta_min=o.eta_min,
                                           warmup_steps=o.warmup_steps, total_steps=cfg.train.steps, ema=o.snr_ema,
@@ -147,17 +153,29 @@ class Trainer:
         self.bad_steps = 0
 
     def _restore(self) -> bool:
-        """Load the newest intact checkpoint; False (and the run restarts from step 0) when there is none."""
-        path = ckpt.latest_checkpoint(self.run_dir, deep=True, warn=self._warn)
+        """Load the newest intact checkpoint (rank 0 chooses it, every rank loads it); False (and the run
+        restarts from step 0) when there is none."""
+        main = self.dist.is_main
+        path = ckpt.latest_checkpoint(self.run_dir, deep=True, warn=self._warn) if main else None
+        path = broadcast_object(None if path is None else str(path))
         if path is None:
             metrics = self.run_dir / "metrics.jsonl"
-            if metrics.is_file():  # the rows of the attempt that saved nothing are kept aside, not appended to
+            if main and metrics.is_file():  # the rows of the attempt that saved nothing are kept aside
                 metrics.replace(self.run_dir / "metrics.jsonl.restarted")
             self._log(f"no checkpoint in {self.run_dir}; starting from step 0")
             return False
-        ckpt.load_weights_into(self.model, path)
+        path = Path(path)
         state = ckpt.load_trainer_state(path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.parallel.name == "fsdp":  # every rank reads its shards of the model and optimizer state
+            load_sharded(path / SHARDED_DIR, self.model, self.optimizer)
+        else:
+            ckpt.load_weights_into(self.model, path)
+            self.optimizer.load_state_dict(state["optimizer"])
+        saved_world = state.get("world_size", 1)
+        if saved_world != self.dist.world_size:
+            self._warn(f"warning: checkpoint {path} was written by {saved_world} process(es), this run has "
+                       f"{self.dist.world_size}: it continues, but not on the trajectory of the run that wrote it "
+                       "(the ranks' sampling streams differ)")
         self.lr_ctrl.load_state_dict(state["lr_controller"])
         self.start_step = state["step"]
         self.history = state.get("history", self.history)
@@ -195,9 +213,13 @@ class Trainer:
         k, d = cfg.train.eval_samples, self.dist
         exs = self.eval_examples[split_evenly(len(self.eval_examples), d.world_size, d.rank)]  # this rank's share
         sampling = dict(max_new_tokens=cfg.rollout.max_new_tokens)
-        sampled, scores = generate_and_score(self.engine, exs, self.score, num_samples=k, **sampling,
-                                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                             seed=rank_seed(cfg.train.seed + 12345, d.rank))
+        with self.parallel.generation(self.model):  # ranks' shares differ in size: no collective inside
+            sampled, scores = generate_and_score(self.engine, exs, self.score, num_samples=k, **sampling,
+                                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                                 seed=rank_seed(cfg.train.seed + 12345, d.rank))
+            if cfg.train.eval_greedy:
+                greedy, greedy_scores = generate_and_score(self.engine, exs, self.score, num_samples=1, **sampling,
+                                                           greedy=True)
         gathered = all_gather_objects([(s.item(), n.item()) for s, n in zip(scores.view(-1),
                                                                           sampled.response_lengths.view(-1))])
         out = {"eval/accuracy_sampled": sum(s for s, _ in gathered) / len(gathered),
@@ -205,9 +227,8 @@ class Trainer:
         rows = [{"prompt": ex.prompt, "answer": ex.answer, "response": r} for ex, r in
                 zip([ex for ex in exs for _ in range(k)], sampled.responses)]
         if cfg.train.eval_greedy:
-            greedy, scores = generate_and_score(self.engine, exs, self.score, num_samples=1, **sampling, greedy=True)
             rows = [{"prompt": ex.prompt, "answer": ex.answer, "greedy": r, "reward": s.item()}
-                    for ex, r, s in zip(exs, greedy.responses, scores)]
+                    for ex, r, s in zip(exs, greedy.responses, greedy_scores)]
         rows = all_gather_objects(rows)
         if cfg.train.eval_greedy:
             out["eval/accuracy_greedy"] = sum(r["reward"] for r in rows) / len(rows)
@@ -236,9 +257,10 @@ class Trainer:
             timed["generated"] = time.perf_counter()
             return self.score(responses, rows)
 
-        batch, rewards = generate_and_score(self.engine, examples, score, num_samples=G,
-                                            max_new_tokens=cfg.rollout.max_new_tokens,
-                                            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+        with self.parallel.generation(self.model):  # fsdp: the whole model for the decoding loop
+            batch, rewards = generate_and_score(self.engine, examples, score, num_samples=G,
+                                                max_new_tokens=cfg.rollout.max_new_tokens,
+                                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
         rewards = rewards.view(N, G)
         times["time/generate"] = timed["generated"] - t0
         times["time/score"] = time.perf_counter() - timed["generated"]
@@ -318,17 +340,42 @@ class Trainer:
     def save(self, step: int) -> None:
         """Checkpoint the state after ``step``, the last completed step: every rank's RNG state from the end
         of that step (not of the moment, which a Ctrl-C inside the next step has moved on). ddp: the
-        replicated weights and optimizer state from rank 0."""
+        replicated weights and optimizer state from rank 0; fsdp: :meth:`_save_sharded`. Every rank calls it."""
         done = self._done["step"] == step and self._done["rng"] is not None
         rng = self._done["rng"] if done else ckpt.rng_state()
         rng_ranks = all_gather_objects([rng])
-        if not self.dist.is_main:
-            return
-        state = {"optimizer": self.optimizer.state_dict(), "lr_controller": self.lr_ctrl.state_dict(),
-                 "history": self.history, "config": self.cfg.to_dict(), "rng_ranks": rng_ranks, "rng": rng}
-        ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer, state,
-                             keep=self.cfg.train.keep_checkpoints)
+        state = {"lr_controller": self.lr_ctrl.state_dict(), "history": self.history, "config": self.cfg.to_dict(),
+                 "rng_ranks": rng_ranks, "rng": rng, "world_size": self.dist.world_size}
+        if self.parallel.name == "fsdp":
+            self._save_sharded(step, state)
+        elif self.dist.is_main:
+            ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer,
+                                 {**state, "optimizer": self.optimizer.state_dict()},
+                                 keep=self.cfg.train.keep_checkpoints)
         self._saved_step = step
+
+    def _save_sharded(self, step: int, state: dict) -> None:
+        """fsdp: rank 0 opens the temporary checkpoint folder, every rank writes its shards of the model and
+        optimizer state into ``sharded/`` (torch.distributed.checkpoint), rank 0 adds the trainer state, the
+        model config and tokenizer -- and, at the last step of the run, the consolidated Hugging Face weights
+        gathered from all ranks -- and commits the folder (manifest, rename, LATEST, pruning)."""
+        main = self.dist.is_main
+        tmp = Path(broadcast_object(str(ckpt.begin_checkpoint(self.run_dir, step)) if main else None))
+        save_sharded(tmp / SHARDED_DIR, self.model, self.optimizer)
+        full = full_model_state(self.model) if step == self.cfg.train.steps else None  # collective
+        if not main:
+            return
+        try:
+            if full is not None:
+                self.model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
+            else:
+                self.model.config.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            ckpt.write_state(tmp, step, state)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        ckpt.commit_checkpoint(self.run_dir, step, tmp, keep=self.cfg.train.keep_checkpoints)
 
     def _commit(self, step: int, metrics: dict) -> None:
         """Log a row and, with it, its evaluation into the history the summary is built from."""
@@ -370,13 +417,28 @@ class Trainer:
                 lock.close()
 
     def _check_model_cache(self) -> None:
-        """A built-in model that must be built needs a writable cache: checked before any work starts."""
-        from oblr.models import builtin_model_dir, is_builtin
+        """A built-in model that must be built needs a writable cache: checked before any work starts. Under
+        torchrun, local rank 0 builds it and the node's other ranks wait for the finished build (ranks that
+        built at once raced in the cache folder: one read it while another replaced it)."""
+        from oblr.models import builtin_model_dir, is_builtin, resolve_model_path
         from oblr.models.builtin import is_current_build
 
-        if is_builtin(self.cfg.model.name_or_path) and not is_current_build(builtin_model_dir()):
-            check_writable(builtin_model_dir().parent, "the built-in model must be built, but its cache folder",
-                           hint="set OBLR_CACHE_DIR to a writable folder")
+        if not is_builtin(self.cfg.model.name_or_path) or is_current_build(builtin_model_dir()):
+            return
+        check_writable(builtin_model_dir().parent, "the built-in model must be built, but its cache folder",
+                       hint="set OBLR_CACHE_DIR to a writable folder")
+        if not self.dist.distributed:
+            return  # built when it loads
+        if self.dist.local_rank == 0:
+            resolve_model_path(self.cfg.model.name_or_path)
+            return
+        deadline = time.monotonic() + self.cfg.distributed.timeout_s  # torchrun stops this rank if rank 0 fails
+        while not is_current_build(builtin_model_dir()):
+            if time.monotonic() > deadline:
+                raise TrainingError(f"rank {self.dist.rank} waited {self.cfg.distributed.timeout_s:.0f} s "
+                                    f"(distributed.timeout_s) for local rank 0 to build the built-in model "
+                                    f"into {builtin_model_dir()}")
+            time.sleep(1.0)
 
     def _run(self, wall0: float) -> dict:
         main = self.dist.is_main

@@ -1,0 +1,159 @@
+"""`oblr train` on 2 processes (CPU, gloo, one thread each) on the test-sized built-in model, for real.
+
+A run killed with SIGKILL in one rank stops as a whole (torchrun ends the other rank; a generous deadline
+turns a hang into a failure), leaves a resumable run folder, and ``--resume`` with the same world size
+gives the trajectory of a 2-process run that was never interrupted. The uninterrupted run and the resume
+go through ``oblr train --nproc 2`` (which starts torchrun), the killed one through torchrun directly.
+Only rank 0 writes: one metrics file, rows with no duplicates.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from fault_helpers import env, rows, train_args, train_rows
+
+from oblr.train.checkpoint import latest_checkpoint, load_trainer_state
+
+DEADLINE = 300  # seconds; only a hung run gets there
+# the deterministic quantities of a step (times are not)
+COMPARED = ("train/reward_mean", "optim/grad_norm", "optim/lr", "snr/S", "snr/V", "snr/snr",
+            "train/response_length_mean", "train/entropy", "optim/loss")
+COMMON = ["train.save_every=1", "train.eval_every=0", "task.eval_size=0"]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of torchrun's worker with ``RANK=rank`` (read from its environment), or None (not started)."""
+    for pid in _children(launcher):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return pid
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.is_file() and stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def _oblr(args: list[str], *, nproc: int | None = 2) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "oblr.cli", *args, *(["--nproc", str(nproc)] if nproc else [])]
+    return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=DEADLINE)
+
+
+def _assert_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def _metrics_files(out: Path) -> list[str]:
+    return sorted(p.name for p in out.rglob("*.jsonl*") if "samples" not in p.parts)
+
+
+def _killed_run(model, out: Path, strategy: str, kill_rank: int, *extra: str) -> int:
+    """A 2-process run under torchrun, SIGKILL to ``kill_rank`` once a checkpoint exists (wherever the step
+    then is): the whole run must stop. Returns the step of the newest intact checkpoint."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                "-m", "oblr.cli"]
+    proc = subprocess.Popen([*torchrun, *train_args(model, out, 500, *COMMON, *extra, f"distributed.strategy={strategy}")],
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + DEADLINE
+        while not (out / "checkpoints" / "LATEST").is_file():  # a checkpoint, then the kill, wherever it lands
+            assert proc.poll() is None, proc.stderr.read()[-5000:]
+            assert time.time() < end, "the run never saved a checkpoint"
+            time.sleep(0.05)
+        pids = [_rank_pid(proc.pid, 0), _rank_pid(proc.pid, 1)]
+        assert all(pids)
+        os.kill(pids[kill_rank], signal.SIGKILL)
+        _, err = proc.communicate(timeout=DEADLINE)  # the whole run stops: never a hang
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "SIGKILL" in err and f"rank      : {kill_rank}" in err, err[-3000:]  # torchrun names the rank and why
+    assert not _alive(pids[1 - kill_rank])  # the other rank was stopped too
+    k = load_trainer_state(latest_checkpoint(out, deep=True))["step"]
+    assert k >= 1
+    return k
+
+
+def _same_trajectory(a: Path, b: Path, steps: int) -> None:
+    ra, rb = train_rows(a), train_rows(b)
+    assert sorted(ra) == sorted(rb) == list(range(1, steps + 1))
+    for step in range(1, steps + 1):
+        for key in COMPARED:
+            assert ra[step][key] == pytest.approx(rb[step][key], rel=1e-6, abs=1e-12), (step, key)
+
+
+def test_ddp_killed_rank_stops_the_run_and_resume_gives_the_uninterrupted_trajectory(small_builtin, tmp_path):
+    killed, straight = tmp_path / "killed", tmp_path / "straight"
+    k = _killed_run(small_builtin, killed, "ddp", kill_rank=1)
+    # the run folder resumes (same world size), and an uninterrupted 2-process run gives the same trajectory
+    _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *COMMON) + ["--resume"]))
+    _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *COMMON)))  # --nproc 2: ddp
+    _same_trajectory(killed, straight, k + 2)
+    # one metrics file, written by rank 0 (rows without duplicates: train_rows would hide them)
+    assert _metrics_files(straight) == _metrics_files(killed) == ["metrics.jsonl"]
+    lines = (straight / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == len({line.split(",")[0] for line in lines}) == k + 3  # steps 0 (start) .. k + 2
+    state = load_trainer_state(latest_checkpoint(straight))
+    assert state["step"] == k + 2 and len(state["rng_ranks"]) == 2 and state["world_size"] == 2
+
+
+def test_fsdp_run_resumes_after_a_kill_and_ends_with_a_consolidated_checkpoint(small_builtin, tmp_path):
+    """fsdp: checkpoints hold the sharded model and optimizer state (torch.distributed.checkpoint); the
+    writer (rank 0) is killed; the resumed run follows the uninterrupted one; the last checkpoint also has
+    the consolidated Hugging Face weights, which load in one process and equal the shards."""
+    from oblr.models import is_sharded_checkpoint, load_model_and_tokenizer
+
+    killed, straight = tmp_path / "killed", tmp_path / "straight"
+    evals = ["task.eval_size=3", "train.eval_samples=1"]  # at the start and the end; shares of 2 and 1 prompts
+    k = _killed_run(small_builtin, killed, "fsdp", 0, *evals)
+    _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *COMMON, *evals) + ["--resume"]))
+    _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *COMMON, *evals, "distributed.strategy=fsdp")))
+    _same_trajectory(killed, straight, k + 2)
+    ea, eb = ([r for r in rows(run) if "eval/accuracy_greedy" in r] for run in (killed, straight))
+    assert [r["step"] for r in ea] == [r["step"] for r in eb] == [0, k + 2]  # evaluated at the start and the end
+    for key in ("eval/accuracy_sampled", "eval/accuracy_greedy", "eval/response_length_mean"):
+        assert ea[-1][key] == pytest.approx(eb[-1][key], rel=1e-6), key
+    assert _metrics_files(straight) == ["metrics.jsonl"]
+
+    last, before = (straight / "checkpoints" / f"step_{k + 2:06d}", straight / "checkpoints" / f"step_{k + 1:06d}")
+    assert [p.name for p in sorted((straight / "checkpoints").glob("step_*"))] == [before.name, last.name]
+    assert (before / "sharded").is_dir() and not list(before.glob("*.safetensors"))  # shards only
+    assert (last / "sharded").is_dir() and list(last.glob("*.safetensors"))  # and the consolidated weights
+    assert not is_sharded_checkpoint(last) and is_sharded_checkpoint(before)
+    hf, _ = load_model_and_tokenizer(str(last))  # an ordinary Hugging Face checkpoint, one process
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    sd = hf.state_dict()
+    from oblr.distributed.sharded_state import load_sharded_weights
+
+    from_shards, _ = load_model_and_tokenizer(small_builtin)
+    load_sharded_weights(last / "sharded", from_shards)  # the same step's shards, read in one process
+    assert all(torch.equal(v, sd[n]) for n, v in from_shards.state_dict().items())
+    mid, _ = load_model_and_tokenizer(str(before))  # a sharded-only checkpoint also loads in one process
+    start, _ = load_model_and_tokenizer(small_builtin)
+    assert all(not torch.equal(v, mid.state_dict()[n]) for n, v in start.state_dict().items())  # training moved them
+    resumed = load_model_and_tokenizer(str(killed / "checkpoints" / last.name))[0].state_dict()
+    assert all(torch.allclose(v, resumed[n], rtol=1e-5, atol=1e-7) for n, v in sd.items())
