@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -98,6 +99,10 @@ class Trainer:
         except ImportError:  # pragma: no cover
             pass
         if cfg.train.threads > 0:
+            cores = os.cpu_count() or 1
+            if cfg.train.threads > cores:
+                self._warn(f"train.threads={cfg.train.threads} exceeds this machine's {cores} CPU cores; threads "
+                           f"will compete for them")
             torch.set_num_threads(cfg.train.threads)
         # data first: a malformed data file fails before a model loads
         self.task = get_task(cfg.task.name, **cfg.task.options)
