@@ -131,9 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"oblr: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("oblr: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM during a run (oblr.train.interrupts.Terminated)
+        terminated = type(e).__name__ == "Terminated"
+        print(f"oblr: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
 
 
 if __name__ == "__main__":

@@ -282,7 +282,7 @@ def test_a_json_object_as_an_answer_is_refused_with_file_and_line(no_model, caps
 def test_grading_timeout_zero_is_refused_not_all_zero_rewards(no_model, capsys, tmp_path, data):
     good, _, _ = data
     line = one_error_line(capsys, train(tmp_path, "task.name=math_data", f"task.options.train={good}",
-                                        "task.options.timeout=0"))
+                                        "task.options.timeout=0", "rollout.prompts_per_step=2"))
     assert "config key 'task.options.timeout': must be in (0, 3600], got 0.0" in line, line
 
 

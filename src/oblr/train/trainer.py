@@ -13,9 +13,9 @@ global gradient and S, V (the same learning rate on every rank), evaluation is s
 gathered, and rank 0 alone writes metrics, samples, checkpoints, plots and the summary.
 
 A run holds its folder's lock from start to end. The state changes of a step (update, logging) run with
-Ctrl-C held back (:mod:`oblr.train.interrupts`), and ``self._done`` keeps the last completed step with the
-RNG state from its end, so the checkpoint written after Ctrl-C is the one an uninterrupted run would have
-written. summary.json is written on every exit path and describes what metrics.jsonl holds.
+Ctrl-C and SIGTERM held back (:mod:`oblr.train.interrupts`; SIGTERM is an interrupt like Ctrl-C during a
+run), and ``self._done`` keeps the last completed step with the RNG state from its end, so the checkpoint
+written after Ctrl-C or SIGTERM is the one an uninterrupted run would have written. summary.json is written on every exit path and describes what metrics.jsonl holds.
 docs/faults.md lists what happens on each fault.
 """
 
@@ -50,7 +50,7 @@ from oblr.schedules import make_lr_controller
 from oblr.tasks import get_task, reward_scorer
 from oblr.tasks.base import RewardFailures, task_accepts
 from oblr.train import checkpoint as ckpt
-from oblr.train.interrupts import sigint_deferred
+from oblr.train.interrupts import sigint_deferred, sigterm_as_interrupt
 from oblr.train.optimizers import make_optimizer
 from oblr.train.ranks import shared_run_dir, start
 from oblr.train.run_dir import check_writable, lock_run_dir, resolve_run_dir
@@ -369,7 +369,8 @@ class Trainer:
         # rank 0 owns the folder: held until the run ends; the kernel frees it if the process dies
         lock = lock_run_dir(self.run_dir) if self.dist.is_main else None
         try:
-            return self._run(wall0)
+            with sigterm_as_interrupt():  # SIGTERM takes Ctrl-C's path: last completed step saved, summary written
+                return self._run(wall0)
         finally:
             if lock is not None:
                 lock.close()
