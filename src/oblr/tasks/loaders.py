@@ -242,10 +242,14 @@ def load_hf_dataset(dataset: Any, *, split: str = "train", config: str | None = 
     if isinstance(dataset, (str, os.PathLike)):
         name = str(dataset)
         p = Path(name)
-        if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
-            ds = datasets.load_from_disk(name)
-        else:
-            ds = datasets.load_dataset(name, config, split=split)
+        try:
+            if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
+                ds = datasets.load_from_disk(name)
+            else:
+                ds = datasets.load_dataset(name, config, split=split)
+        except Exception as e:  # noqa: BLE001 - not found, no network, a broken folder: one line naming it
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ValueError(f"{name}: cannot load it as a `datasets` dataset ({type(e).__name__}: {first})") from None
         source = name
     else:
         ds, source = dataset, getattr(dataset, "info", None) and dataset.info.dataset_name or "dataset"
