@@ -4,7 +4,8 @@ Each subcommand's options live beside its implementation (``oblr eval``: :mod:`o
 ``report``, ``proxy-study``: :mod:`oblr.experiments.runner`); this module assembles the parser, defines
 ``train`` and ``tasks``, loads plugins (``--plugin MODULE`` and the ``oblr.plugins`` entry points,
 :mod:`oblr.plugins`) before anything is parsed or validated, and turns bad input into one line on stderr
-with exit status 2.
+with exit status 2. ``key=value`` overrides may be given before or after options; every one of them is
+validated, and the problems of all of them are reported together.
 """
 
 from __future__ import annotations
@@ -151,7 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"oblr: error: {e}", file=sys.stderr)
         return 2
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # key=value overrides may come after options (`oblr train a=1 --quiet b=2`): all of them are kept, in
+        # order, and validated; anything else unknown is refused (argparse's usage line and exit status 2)
+        if hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if argv is None and len(sys.argv) <= 1 else 2
@@ -169,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"oblr: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("oblr: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM during a run (oblr.train.interrupts.Terminated)
+        terminated = type(e).__name__ == "Terminated"
+        print(f"oblr: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
 
 
 if __name__ == "__main__":

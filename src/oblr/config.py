@@ -1,10 +1,17 @@
 """Typed training configuration: dataclasses with a help line per field, YAML files, dotted overrides.
 
 Everything is validated before any model loads: an unknown key, a wrong type or a bad value raises
-:class:`ConfigError` with one message that names the key and says how to fix it. A choice-valued key
-names the registry (or table) its choices come from (``opt(..., choices="module:NAME")``), so
-``oblr train --help``, validation errors and ``oblr tasks`` list the same names, and a name registered by
-user code (``oblr train --plugin MODULE``) is accepted without editing this module.
+:class:`ConfigError` with one line that names every offending key and says how to fix it (no problem is
+dropped: all overrides are checked and all their problems reported). A choice-valued key names the
+registry (or table) its choices come from (``opt(..., choices="module:NAME")``), so ``oblr train --help``,
+validation errors and ``oblr tasks`` list the same names, and a name registered by user code
+(``oblr train --plugin MODULE``) is accepted without editing this module. Every numeric key declares its
+:class:`Range` beside its field (``opt(..., range=Range(...))``); a value must also be finite. The
+dict-valued keys ``task.options``, ``algorithm.baseline_options`` and ``rollout.engine_options`` are
+checked against the signature of the registered task, estimator or engine (:func:`check_options`):
+option names, simple types, ``Literal`` choices and ``Annotated[..., Range(...)]`` ranges, so a plugin's
+options are checked the same way. YAML is read through :mod:`oblr.safe_load` (alias bombs and deep
+nesting refused).
 
     cfg = load_config("configs/qwen3-4b-gsm8k.yaml", ["algorithm.baseline=rloo", "train.steps=50"])
 """
@@ -14,6 +21,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import inspect
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,12 +37,56 @@ class ConfigError(ValueError):
     """A configuration problem, with the offending key in the message."""
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+INT_MAX = 2**31 - 1  # the largest count any key accepts (a C int: what torch and its kernels take)
+BIG = 1e6  # the cap of float keys without a natural bound (far beyond any sensible value, still safe in float32)
+MAX_THREADS = 1024  # torch.set_num_threads with ~1e5 threads exhausts the address space and segfaults
+
+
+@dataclass(frozen=True)
+class Range:
+    """Where a numeric value must lie: ``ge``/``gt`` below, ``le``/``lt`` above (None: no bound). Every
+    value must also be finite (NaN and inf never pass; floats must fit a float32). ``Range(gt=0, le=1)``."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def __str__(self) -> str:
+        lo = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else None
+        hi = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else None
+        if lo and hi:
+            return f"in {lo}, {hi}"
+        if lo:
+            return f"{'>=' if self.ge is not None else '>'} {lo[1:]}"
+        return f"{'<=' if self.le is not None else '<'} {hi[:-1]}" if hi else "finite"
+
+    def problem(self, value) -> str | None:
+        """None when ``value`` lies in the range, else what is wrong (``"must be in (0, 1], got inf"``)."""
+        try:
+            v = float(value)
+        except OverflowError:  # an int beyond any float
+            v = math.inf
+        ok = (math.isfinite(v) and abs(v) <= FLOAT32_MAX
+              and (self.ge is None or v >= self.ge) and (self.gt is None or v > self.gt)
+              and (self.le is None or v <= self.le) and (self.lt is None or v < self.lt))
+        return None if ok else f"must be {self}, got {_short(value)}"
+
+
 def opt(default, help: str, **kw):
     """A dataclass field with a help line (shown by ``oblr train --help``). ``choices="module:NAME"`` names
-    the :class:`oblr.registry.Registry` (or tuple of names) whose names the value must be one of."""
+    the :class:`oblr.registry.Registry` (or tuple of names) whose names the value must be one of;
+    ``range=Range(...)`` says where a numeric value must lie (every int and float key has one);
+    ``options_of="key"`` marks a dict of options of the registered entry named by the sibling ``key``
+    (checked by :func:`option_problems`), ``reserved={option: why}`` the options oblr passes itself."""
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
+
+
+COUNT = Range(ge=1, le=INT_MAX)  # a positive count
+COUNT0 = Range(ge=0, le=INT_MAX)  # a count where 0 means "none" or "off"
 
 
 @dataclass
@@ -40,31 +94,38 @@ class ModelConfig:
     name_or_path: str = opt("builtin", "Hugging Face checkpoint directory or hub id; 'builtin' = the tiny "
                                        "arithmetic model oblr builds and caches on first use")
     dtype: str = opt("float32", "parameter dtype", choices="oblr.models:DTYPES")
-    device: str = opt("auto", "auto | cpu | cuda | cuda:N")
+    device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps (checked against this machine before the model "
+                              "loads)")
     trust_remote_code: bool = opt(False, "passed to from_pretrained")
-    lora_rank: int = opt(0, "train LoRA adapters of this rank instead of all weights (0 = full fine-tuning)")
-    lora_alpha: float = opt(16.0, "LoRA alpha")
+    lora_rank: int = opt(0, "train LoRA adapters of this rank instead of all weights (0 = full fine-tuning)",
+                         range=Range(ge=0, le=65536))
+    lora_alpha: float = opt(16.0, "LoRA alpha", range=Range(gt=0, le=BIG))
     lora_targets: list = opt(["q_proj", "k_proj", "v_proj", "o_proj"], "module names LoRA adapts")
 
 
 @dataclass
 class TaskConfig:
     name: str = opt("arithmetic", "task name (see `oblr tasks`)", choices="oblr.tasks:TASKS")
-    options: dict = opt({}, "task options passed to the task factory (e.g. difficulty, n_train, template)")
-    eval_size: int = opt(200, "held-out prompts used by periodic evaluation (0 = none; capped at the split size)")
+    options: dict = opt({}, "task options passed to the task factory (e.g. difficulty, n_train, template); "
+                            "names, types and ranges are checked against the factory's signature",
+                        options_of="name", reserved={"tokenizer": "oblr passes the model's tokenizer itself"})
+    eval_size: int = opt(200, "held-out prompts used by periodic evaluation (0 = none; capped at the split size)",
+                         range=COUNT0)
 
 
 @dataclass
 class RolloutConfig:
-    group_size: int = opt(8, "G: sampled outputs per prompt")
-    prompts_per_step: int = opt(16, "N: prompts per training step (N*G sequences per step)")
-    max_new_tokens: int = opt(32, "generation length limit")
-    temperature: float = opt(1.0, "sampling temperature for training rollouts")
-    top_p: float = opt(1.0, "nucleus sampling threshold")
-    batch_size: int = opt(256, "sequences generated per batch")
+    group_size: int = opt(8, "G: sampled outputs per prompt", range=Range(ge=2, le=INT_MAX))
+    prompts_per_step: int = opt(16, "N: prompts per training step (N*G sequences per step)", range=COUNT)
+    max_new_tokens: int = opt(32, "generation length limit", range=COUNT)
+    temperature: float = opt(1.0, "sampling temperature for training rollouts (greedy is for eval)",
+                             range=Range(ge=1e-3, le=100))
+    top_p: float = opt(1.0, "nucleus sampling threshold", range=Range(gt=0, le=1))
+    batch_size: int = opt(256, "sequences generated per batch", range=COUNT)
     engine: str = opt("hf", "rollout engine that generates the samples", choices="oblr.rollout:ENGINES")
     engine_options: dict = opt({}, "extra options of the rollout engine's factory, e.g. {memory_fraction: 0.3} "
-                                   "for vllm (see docs/rollout.md)")
+                                   "for vllm (see docs/rollout.md); checked against the factory's signature",
+                               options_of="engine", reserved={"batch_size": "set rollout.batch_size instead"})
 
 
 @dataclass
@@ -73,46 +134,54 @@ class AlgorithmConfig:
     lr_schedule: str = opt("snr", "learning-rate schedule (snr = OBLR-PO)", choices="oblr.schedules:SCHEDULES")
     aggregation: str = opt("seq_sum_const", "loss aggregation (seq_sum_const is the unbiased one)",
                            choices="oblr.losses:AGGREGATIONS")
-    max_len: int = opt(0, "the constant of seq_sum_const (0 = rollout.max_new_tokens)")
-    baseline_options: dict = opt({}, "extra options of the estimator, e.g. {scale_std: false} for grpo")
-    epochs: int = opt(1, "policy updates per batch of rollouts (>1 uses importance ratios and clipping)")
-    clip_eps: float = opt(0.2, "PPO clip range for epochs > 1")
-    kl_coef: float = opt(0.0, "weight of the k3 KL penalty to the initial (frozen) policy; 0 = off")
+    max_len: int = opt(0, "the constant of seq_sum_const (0 = rollout.max_new_tokens)", range=COUNT0)
+    baseline_options: dict = opt({}, "extra options of the estimator, e.g. {scale_std: false} for grpo",
+                                 options_of="baseline")
+    epochs: int = opt(1, "policy updates per batch of rollouts (>1 uses importance ratios and clipping)",
+                      range=Range(ge=1, le=1000))
+    clip_eps: float = opt(0.2, "PPO clip range for epochs > 1", range=Range(gt=0, le=1))
+    kl_coef: float = opt(0.0, "weight of the k3 KL penalty to the initial (frozen) policy; 0 = off",
+                         range=Range(ge=0, le=BIG))
     norms_method: str = opt("auto", "how exact gradient norms are computed (loop = the slow reference)",
                             choices="oblr.gradnorm:NORMS_METHODS")
     track_snr: bool = opt(False, "compute and log S, V, SNR even when the schedule does not use them")
-    micro_batch_groups: int = opt(0, "prompt groups per forward/backward micro-batch (0 = all at once)")
+    micro_batch_groups: int = opt(0, "prompt groups per forward/backward micro-batch (0 = all at once)",
+                                  range=COUNT0)
 
 
 @dataclass
 class OptimConfig:
     optimizer: str = opt("adamw", "optimizer", choices="oblr.train.optimizers:OPTIMIZERS")
-    lr: float = opt(1e-3, "peak learning rate (eta_max of the SNR rule, or the constant/cosine peak)")
-    eta_min: float = opt(0.0, "learning-rate floor")
+    lr: float = opt(1e-3, "peak learning rate (eta_max of the SNR rule, or the constant/cosine peak)",
+                    range=Range(gt=0, le=BIG))
+    eta_min: float = opt(0.0, "learning-rate floor (at most optim.lr)", range=Range(ge=0, le=BIG))
     snr_ema: float = opt(0.9, "EMA factor for S and V in the SNR rule (0 = current batch only, as in the paper; "
-                                    "the per-batch estimate is noisy at small N, see docs/algorithm.md)")
-    warmup_steps: int = opt(0, "linear warm-up steps")
-    weight_decay: float = opt(0.0, "AdamW weight decay")
-    betas: list = opt([0.9, 0.99], "AdamW betas")
-    momentum: float = opt(0.0, "SGD momentum")
-    grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)")
+                                    "the per-batch estimate is noisy at small N, see docs/algorithm.md)",
+                         range=Range(ge=0, lt=1))
+    warmup_steps: int = opt(0, "linear warm-up steps", range=COUNT0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", range=Range(ge=0, le=BIG))
+    betas: list = opt([0.9, 0.99], "AdamW betas (two numbers in [0, 1))")
+    momentum: float = opt(0.0, "SGD momentum", range=Range(ge=0, lt=1))
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)", range=Range(ge=0, le=BIG))
 
 
 @dataclass
 class TrainConfig:
-    steps: int = opt(200, "training steps")
-    seed: int = opt(0, "seed for data order, sampling and initialisation")
+    steps: int = opt(200, "training steps", range=COUNT)
+    seed: int = opt(0, "seed for data order, sampling and initialisation", range=Range(ge=0, le=2**32 - 1))
     output_dir: str = opt("", "run folder (default: runs/<time>-<baseline>-<schedule>)")
-    eval_every: int = opt(25, "evaluate every this many steps (and at the start and the end); 0 = only at the end")
-    eval_samples: int = opt(4, "samples per held-out prompt for the sampled accuracy")
+    eval_every: int = opt(25, "evaluate every this many steps (and at the start and the end); 0 = only at the end",
+                          range=COUNT0)
+    eval_samples: int = opt(4, "samples per held-out prompt for the sampled accuracy", range=COUNT)
     eval_greedy: bool = opt(True, "also measure greedy accuracy")
-    save_every: int = opt(50, "checkpoint every this many steps (and at the end); 0 = only at the end")
-    keep_checkpoints: int = opt(2, "how many recent checkpoints to keep")
-    max_bad_steps: int = opt(5, "stop after this many consecutive steps skipped for NaN/Inf")
+    save_every: int = opt(50, "checkpoint every this many steps (and at the end); 0 = only at the end",
+                          range=COUNT0)
+    keep_checkpoints: int = opt(2, "how many recent checkpoints to keep", range=COUNT)
+    max_bad_steps: int = opt(5, "stop after this many consecutive steps skipped for NaN/Inf", range=COUNT)
     tensorboard: bool = opt(False, "also log to TensorBoard")
     wandb: bool = opt(False, "also log to Weights & Biases (offline mode unless WANDB_MODE says otherwise)")
     plots: bool = opt(True, "write PNG plots to the run folder at the end")
-    threads: int = opt(0, "torch CPU threads (0 = all cores)")
+    threads: int = opt(0, "torch CPU threads (0 = all cores)", range=Range(ge=0, le=MAX_THREADS))
 
 
 @dataclass
@@ -122,7 +191,8 @@ class DistributedConfig:
                         "checkpoints, consolidated weights at the end)",
                         choices="oblr.distributed.parallel:PARALLEL")
     backend: str = opt("auto", "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")
-    timeout_s: float = opt(600.0, "collective timeout: a dead rank stops the others after this long")
+    timeout_s: float = opt(600.0, "collective timeout: a dead rank stops the others after this long",
+                           range=Range(gt=0, le=BIG))
 
 
 @dataclass
@@ -144,8 +214,19 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def _label(key: str) -> str:
+    """How a message names ``key``: ``config key 'a.b'``, or a command-line flag (``--engine-options.x``) as is."""
+    return key if key.startswith("-") else f"config key '{key}'"
+
+
+def _short(value: Any, n: int = 60) -> str:
+    r = repr(value)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
 def _coerce(value: Any, tp, key: str):
-    """Check (and gently coerce: int -> float) ``value`` against the annotation ``tp``."""
+    """Check (and gently coerce: int -> float) ``value`` against the annotation ``tp`` (bool, int, float,
+    str, dict, list, None, unions of these and ``Literal``)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -158,7 +239,12 @@ def _coerce(value: Any, tp, key: str):
                 return _coerce(value, a, key)
             except ConfigError:
                 pass
-        raise ConfigError(f"config key '{key}': expected {tp}, got {value!r}")
+        raise ConfigError(f"{_label(key)}: expected {tp}, got {_short(value)}")
+    if origin is typing.Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise ConfigError(f"{_label(key)}: must be one of {', '.join(map(str, typing.get_args(tp)))}, "
+                          f"got {_short(value)}")
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -179,76 +265,115 @@ def _coerce(value: Any, tp, key: str):
     elif tp in (dict, list):
         if isinstance(value, tp):
             return value
-    raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    elif tp is type(None):
+        if value is None:
+            return None
+    raise ConfigError(f"{_label(key)}: expected {_type_name(tp)}, got {type(value).__name__} {_short(value)}")
 
 
 def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
 
 
-def _from_dict(cls, data: dict, prefix: str = ""):
+def _from_dict(cls, data: Any, prefix: str, problems: list[str]):
+    """``cls(**data)`` with every unknown key and wrong type appended to ``problems`` (and left out)."""
     if not isinstance(data, dict):
-        raise ConfigError(f"config section '{prefix.rstrip('.') or '<root>'}' must be a mapping, got {data!r}")
+        problems.append(f"config section '{prefix.rstrip('.') or '<root>'}' must be a mapping, got {_short(data)}")
+        return cls()
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}{k}"
         if k not in names:
-            close = difflib.get_close_matches(k, names, n=1)
+            close = difflib.get_close_matches(str(k), names, n=1)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
-            raise ConfigError(f"unknown config key '{key}'{hint}")
+            problems.append(f"unknown config key '{key}'{hint}")
+            continue
         tp = hints[k]
         if dataclasses.is_dataclass(tp):
-            kwargs[k] = _from_dict(tp, v, key + ".")
-        else:
+            kwargs[k] = _from_dict(tp, v, key + ".", problems)
+            continue
+        try:
             kwargs[k] = _coerce(v, tp, key)
+        except ConfigError as e:
+            problems.append(str(e))
     return cls(**kwargs)
 
 
-def _parse_scalar(text: str):
-    """Parse the value of a ``key=value`` override with YAML rules (so 1e-3, true, [a, b] work)."""
+def _raise(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def _parse_scalar(text: str, key: str):
+    """Parse the value of a ``key=value`` override with YAML rules (so 1e-3, true, [a, b] work); text that
+    is not YAML stays text, YAML beyond the limits of :mod:`oblr.safe_load` is refused."""
+    from oblr.safe_load import InputError, InputLimitError, load_yaml
+
+    if text == "":
+        return ""
     try:
-        return yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:
+        return load_yaml(text, f"override {key}")
+    except InputLimitError as e:
+        raise ConfigError(str(e)) from None
+    except InputError:
         return text
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply dotted ``section.key=value`` overrides to a nested dict (returns the same dict)."""
+    """Apply dotted ``section.key=value`` overrides to a nested dict (returns the same dict). Every override
+    is applied or reported: the problems of all of them are raised together as one :class:`ConfigError`."""
+    problems = []
     for ov in overrides:
         if "=" not in ov:
-            raise ConfigError(f"override {ov!r} is not of the form section.key=value (e.g. optim.lr=1e-3)")
+            problems.append(f"override {ov!r} is not of the form section.key=value (e.g. optim.lr=1e-3)")
+            continue
         key, text = ov.split("=", 1)
         parts = key.strip().split(".")
         node = data
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {ov!r}: '{p}' is not a section")
-        node[parts[-1]] = _parse_scalar(text)
+        try:
+            for p in parts[:-1]:
+                node = node.setdefault(p, {})
+                if not isinstance(node, dict):
+                    raise ConfigError(f"override {ov!r}: '{p}' is not a section")
+            node[parts[-1]] = _parse_scalar(text, key.strip())
+        except ConfigError as e:
+            problems.append(str(e))
+    _raise(problems)
     return data
 
 
 def config_from_dict(data: dict) -> Config:
-    cfg = _from_dict(Config, data or {})
+    """The validated :class:`Config` of a nested dict; all problems in one :class:`ConfigError`."""
+    problems: list[str] = []
+    cfg = _from_dict(Config, {} if data is None else data, "", problems)
+    _raise(problems)
     validate(cfg)
     return cfg
 
 
+def read_config_file(path: str | Path) -> dict:
+    """The mapping of sections in a YAML config file, read through :mod:`oblr.safe_load`."""
+    from oblr.safe_load import InputError, load_yaml_file
+
+    p = Path(path)
+    try:
+        data = load_yaml_file(p, what="config file")
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    except InputError as e:
+        raise ConfigError(f"config file {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML file (optional), apply dotted overrides, type-check and validate."""
-    data: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {p} must hold a mapping of sections, got {type(data).__name__}")
+    data = read_config_file(path) if path is not None else {}
     apply_overrides(data, list(overrides or []))
     return config_from_dict(data)
 
@@ -258,101 +383,203 @@ def save_config(cfg: Config, path: str | Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------- validation
-def _check(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"config key '{key}': {msg}")
+_DEVICE = re.compile(r"auto|(cpu|cuda|mps)(:\d+)?")
 
 
 def _choices(f: dataclasses.Field) -> tuple[str, list[str]] | None:
     """``(kind, names)`` of a choice-valued field (None for other fields); imports the registry's module."""
-    ref = f.metadata.get("choices")
-    if ref is None:
+    table = _table(f)
+    if table is None:
         return None
-    module, _, attr = ref.partition(":")
-    table = getattr(importlib.import_module(module), attr)
     if hasattr(table, "names"):  # a Registry
         return table.kind, table.names()
     return f.name, list(table)
 
 
+def _table(f: dataclasses.Field):
+    ref = f.metadata.get("choices")
+    if ref is None:
+        return None
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _sections():
+    """``(section name, section dataclass)`` of :class:`Config`."""
+    return [(sec.name, _hints(Config)[sec.name]) for sec in dataclasses.fields(Config)]
+
+
 def choice_fields() -> list[tuple[str, str, list[str]]]:
     """``[(dotted key, kind, names)]`` for every choice-valued key of the config."""
     out = []
-    for sec in dataclasses.fields(Config):
-        for f in dataclasses.fields(_hints(Config)[sec.name]):
+    for sec, cls in _sections():
+        for f in dataclasses.fields(cls):
             c = _choices(f)
             if c is not None:
-                out.append((f"{sec.name}.{f.name}", *c))
+                out.append((f"{sec}.{f.name}", *c))
     return out
 
 
-def _check_choices(cfg: Config) -> None:
-    for key, kind, names in choice_fields():
-        sec, name = key.split(".")
-        value = getattr(getattr(cfg, sec), name)
-        _check(value in names, key, f"unknown {kind} {value!r}; registered: {', '.join(names)}")
+def range_fields() -> list[tuple[str, Range]]:
+    """``[(dotted key, Range)]`` for every numeric key (all of them have one)."""
+    return [(f"{sec}.{f.name}", f.metadata["range"]) for sec, cls in _sections() for f in dataclasses.fields(cls)
+            if "range" in f.metadata]
+
+
+def _check_value(value: Any, annotation: Any, key: str) -> Any:
+    """``value`` checked (and coerced) against a parameter annotation: its type when it is a simple one (see
+    :func:`_coerce`; others, ``Any`` included, are not checked), the :class:`Range` objects of an
+    ``Annotated[...]``, and any number must be finite. Raises ConfigError naming ``key``."""
+    base, ranges = annotation, []
+    if typing.get_origin(annotation) is typing.Annotated:
+        base, *extras = typing.get_args(annotation)
+        ranges = [r for r in extras if isinstance(r, Range)]
+    if _simple(base):
+        value = _coerce(value, base, key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        for r in ranges or [Range()]:
+            problem = r.problem(value)
+            if problem:
+                raise ConfigError(f"{_label(key)}: {problem}")
+    return value
+
+
+def _simple(tp) -> bool:
+    if tp in (bool, int, float, str, dict, list, type(None)) or typing.get_origin(tp) is typing.Literal:
+        return True
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return all(_simple(a) for a in typing.get_args(tp))
+    return False
+
+
+def option_problems(registry, name: str, options: dict, key: str,
+                    reserved: dict[str, str] | None = None) -> tuple[dict, list[str]]:
+    """``(checked options, problems)``: ``options`` for the entry ``name`` of ``registry`` against its
+    signature (:meth:`oblr.registry.Registry.options`) -- every name must be a parameter (unless the entry
+    takes ``**kwargs``), every value must fit the parameter's annotation (:func:`_check_value`), every
+    required parameter must be given; ``reserved`` names options oblr passes itself (with why)."""
+    reserved = reserved or {}
+    params = registry.options(name)
+    out, problems, unknown = dict(options), [], []
+    for opt_name, value in options.items():
+        k = f"{key}.{opt_name}"
+        if opt_name in reserved:
+            problems.append(f"{_label(k)}: not an option to set here ({reserved[opt_name]})")
+        elif params is not None and opt_name not in params:
+            unknown.append(opt_name)
+        else:  # a parameter of the entry, or any name for an entry that takes **kwargs (numbers must be finite)
+            try:
+                out[opt_name] = _check_value(value, params[opt_name].annotation if params else Any, k)
+            except ConfigError as e:
+                problems.append(str(e))
+    if unknown:
+        accepted = [p for p in params if p not in reserved]
+        close = [c for u in unknown for c in difflib.get_close_matches(str(u), accepted, n=1)]
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        problems.insert(0, f"unknown option{'s' * (len(unknown) > 1)} {', '.join(f'{key}.{u}' for u in unknown)}"
+                           f"{hint}: {registry.kind} {name!r} accepts {', '.join(accepted) or 'no options'}")
+    missing = [p for p, par in (params or {}).items()
+               if par.default is inspect.Parameter.empty and p not in options and p not in reserved]
+    if missing:
+        problems.append(f"{_label(key)}: {registry.kind} {name!r} needs the option(s) {', '.join(missing)}")
+    return out, problems
+
+
+def check_options(registry, name: str, options: dict, key: str, reserved: dict[str, str] | None = None) -> dict:
+    """:func:`option_problems` that raises one :class:`ConfigError` with every problem; returns the checked
+    options (numbers coerced as their annotations say). Used by the config, ``oblr eval --engine-options``,
+    :func:`oblr.rollout.make_engine` and :func:`oblr.tasks.get_task`."""
+    out, problems = option_problems(registry, name, options, key, reserved)
+    _raise(problems)
+    return out
+
+
+def check_flags(values: dict[str, tuple[Any, Range]]) -> None:
+    """Numeric command-line flags against their ranges: ``{"--jobs": (value, Range(...))}`` (None = not
+    given, not checked); one ConfigError naming every flag out of range."""
+    _raise([f"{flag} {rng.problem(v)}" for flag, (v, rng) in values.items() if v is not None and rng.problem(v)])
 
 
 def validate(cfg: Config) -> None:
-    """Value checks that need no model or data. Raises ConfigError naming the key."""
-    _check_choices(cfg)
-    r, a, o, t = cfg.rollout, cfg.algorithm, cfg.optim, cfg.train
-    _check(cfg.model.device == "auto" or cfg.model.device.split(":")[0] in ("cpu", "cuda", "mps"),
-           "model.device", f"{cfg.model.device!r} is not auto, cpu, cuda or cuda:N")
-    _check(cfg.model.lora_rank >= 0, "model.lora_rank", "must be >= 0")
-    _check(r.group_size >= 2, "rollout.group_size", f"must be >= 2 for group baselines, got {r.group_size}")
-    _check(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
-    _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
-    _check(r.temperature > 0, "rollout.temperature", "must be > 0 (training samples; greedy is for eval)")
-    _check(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
-    _check(r.batch_size >= 1, "rollout.batch_size", "must be >= 1")
-    from oblr.rollout import check_engine
+    """Value checks that need no model or data: choices, ranges, the options of dict-valued keys, and the
+    rules between keys. Raises one ConfigError naming every offending key."""
+    problems: list[str] = []
 
-    try:
-        check_engine(r.engine)  # e.g. vllm without its package: refused here, before a model loads
-    except ValueError as e:
-        _check(False, "rollout.engine", str(e))
-    _check(a.max_len >= 0, "algorithm.max_len", "must be >= 0")
-    _check(a.epochs >= 1, "algorithm.epochs", "must be >= 1")
-    _check(a.clip_eps > 0, "algorithm.clip_eps", "must be > 0")
-    _check(a.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
-    _check(a.micro_batch_groups >= 0, "algorithm.micro_batch_groups", "must be >= 0")
-    from oblr.schedules import SCHEDULES
+    def bad(key: str, msg: str) -> None:
+        problems.append(f"config key '{key}': {msg}")
 
-    if getattr(SCHEDULES.get(a.lr_schedule), "needs_snr", False) or a.track_snr:
-        _check(r.prompts_per_step >= 2, "rollout.prompts_per_step",
-               "S and V (SNR schedule, algorithm.track_snr) estimate the noise across prompts; "
-               "the step needs at least 2 prompts")
-    _check(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
-    _check(0 <= o.eta_min <= o.lr, "optim.eta_min", "must be in [0, optim.lr]")
-    _check(0 <= o.snr_ema < 1, "optim.snr_ema", "must be in [0, 1)")
-    _check(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
-    _check(len(o.betas) == 2 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in o.betas),
-           "optim.betas", f"must be two numbers in [0, 1), got {o.betas}")
-    _check(o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 = off)")
-    _check(t.steps >= 1, "train.steps", "must be >= 1")
-    _check(t.eval_every >= 0, "train.eval_every", "must be >= 0")
-    _check(t.eval_samples >= 1, "train.eval_samples", "must be >= 1")
-    _check(t.save_every >= 0, "train.save_every", "must be >= 0")
-    _check(t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
-    _check(t.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
-    _check(cfg.task.eval_size >= 0, "task.eval_size", "must be >= 0")
-    _check(cfg.distributed.backend in ("auto", "gloo", "nccl"), "distributed.backend",
-           f"{cfg.distributed.backend!r} is not auto, gloo or nccl")
-    _check(cfg.distributed.timeout_s > 0, "distributed.timeout_s", "must be > 0")
+    valid_choice = {}
+    for key, kind, names in choice_fields():
+        sec, name = key.split(".")
+        value = getattr(getattr(cfg, sec), name)
+        valid_choice[key] = value in names
+        if not valid_choice[key]:
+            bad(key, f"unknown {kind} {_short(value)}; registered: {', '.join(names)}")
+    for key, rng in range_fields():
+        sec, name = key.split(".")
+        problem = rng.problem(getattr(getattr(cfg, sec), name))
+        if problem:
+            bad(key, problem)
+    for sec, cls in _sections():  # the options of dict-valued keys, against the chosen entry's signature
+        section = getattr(cfg, sec)
+        for f in dataclasses.fields(cls):
+            of = f.metadata.get("options_of")
+            if of is None or not valid_choice.get(f"{sec}.{of}"):
+                continue
+            registry = _table(next(g for g in dataclasses.fields(cls) if g.name == of))
+            checked, found = option_problems(registry, getattr(section, of), getattr(section, f.name),
+                                             f"{sec}.{f.name}", f.metadata.get("reserved"))
+            setattr(section, f.name, checked)
+            problems.extend(found)
+    r, a, o = cfg.rollout, cfg.algorithm, cfg.optim
+    if not _DEVICE.fullmatch(cfg.model.device):
+        bad("model.device", f"{cfg.model.device!r} is not auto, cpu, cuda, cuda:N or mps")
+    if valid_choice["rollout.engine"]:
+        from oblr.rollout import check_engine
+
+        try:
+            check_engine(r.engine)  # e.g. vllm without its package: refused here, before a model loads
+        except ValueError as e:
+            bad("rollout.engine", str(e))
+    if valid_choice["algorithm.lr_schedule"]:
+        from oblr.schedules import SCHEDULES
+
+        if (getattr(SCHEDULES.get(a.lr_schedule), "needs_snr", False) or a.track_snr) and r.prompts_per_step < 2:
+            bad("rollout.prompts_per_step", "S and V (SNR schedule, algorithm.track_snr) estimate the noise across "
+                "prompts; the step needs at least 2 prompts")
+    if o.eta_min > o.lr and not Range().problem(o.eta_min):
+        bad("optim.eta_min", f"must be in [0, optim.lr = {o.lr:g}], got {o.eta_min:g}")
+    if not (len(o.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                                      for b in o.betas)):
+        bad("optim.betas", f"must be two numbers in [0, 1), got {_short(o.betas)}")
+    if cfg.distributed.backend not in ("auto", "gloo", "nccl"):
+        bad("distributed.backend", f"{cfg.distributed.backend!r} is not auto, gloo or nccl")
+    _raise(problems)
+
+
+def _num(x: float) -> str:
+    """A bound as people write it: 2, 0.001, 1e6, 2^31-1."""
+    for e in (31, 32):
+        if x == 2**e - 1:
+            return f"2^{e}-1"
+    if float(x).is_integer() and abs(x) < 1e5:
+        return str(int(x))
+    mantissa, _, exp = f"{x:g}".partition("e")
+    return f"{mantissa}e{int(exp)}" if exp else mantissa
 
 
 def config_help() -> str:
-    """One line per key: ``section.key (type, default): help [choices]``, for ``oblr train --help``."""
+    """One line per key: ``section.key (type, default): help [choices | range]``, for ``oblr train --help``."""
     lines = []
-    for sec in dataclasses.fields(Config):
-        cls = _hints(Config)[sec.name]
-        lines.append(f"{sec.name}:")
+    for sec, cls in _sections():
+        lines.append(f"{sec}:")
         hints = _hints(cls)
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             choices = _choices(f)
             extra = f" [{' | '.join(choices[1])}]" if choices else ""
-            lines.append(f"  {sec.name}.{f.name} ({_type_name(hints[f.name])}, default {default!r}): "
+            if "range" in f.metadata:
+                extra = f" [{f.metadata['range']}]"
+            lines.append(f"  {sec}.{f.name} ({_type_name(hints[f.name])}, default {default!r}): "
                          f"{f.metadata.get('help', '')}{extra}")
     return "\n".join(lines)

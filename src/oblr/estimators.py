@@ -33,13 +33,12 @@ to know which per-output weights to compute and never branches on a method name.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from oblr.registry import Registry
+from oblr.registry import Registry, option_parameters
 
 WEIGHT_KINDS = (None, "exact", "length", "logit_energy")
 
@@ -69,13 +68,12 @@ class Estimator:
 
     def option_names(self) -> set[str] | None:
         """Keyword options the function accepts (None when it takes ``**kwargs``)."""
-        params = list(inspect.signature(self.fn).parameters.values())[2:]
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            return None
-        return {p.name for p in params}
+        params = option_parameters(self.fn, leading=2)
+        return None if params is None else set(params)
 
 
-ESTIMATORS = Registry("estimator")
+# an entry's options are its function's parameters after (rewards, weights): algorithm.baseline_options
+ESTIMATORS = Registry("estimator", leading=2, target=lambda est: est.fn)
 
 
 def register_estimator(name: str, *, weights: str | None = None, min_group_size: int = 2):

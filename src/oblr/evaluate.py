@@ -30,6 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from oblr.config import COUNT, Range
 from oblr.grading import DEFAULT_TIMEOUT, grade_many
 from oblr.tasks import get_task
 from oblr.tasks.math import EVAL_BENCHMARKS
@@ -84,19 +85,25 @@ def _grader(kind: str, timeout: float):
     return grade
 
 
-def _check(n: int, temperature: float, top_p: float, max_new_tokens: int, limit, batch_size: int, template: str):
-    if n < 1:
-        raise ValueError(f"evaluate: n must be >= 1, got {n}")
-    if temperature < 0:
-        raise ValueError(f"evaluate: temperature must be >= 0 (0 = greedy), got {temperature}")
+# the numeric arguments of evaluate() and `oblr eval` (--n, --temperature, ...): the config's Range rules
+# (NaN and inf never pass), checked before a model loads
+ARG_RANGES = {"n": COUNT, "temperature": Range(ge=0, le=100), "top_p": Range(gt=0, le=1), "max_new_tokens": COUNT,
+              "limit": COUNT, "batch_size": COUNT, "seed": Range(ge=0, le=2**32 - 1), "timeout": Range(gt=0, le=3600)}
+
+
+def _check(n: int, temperature: float, top_p: float, max_new_tokens: int, limit, batch_size: int, template: str,
+           seed: int = 0, timeout: float = DEFAULT_TIMEOUT):
+    values = dict(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, limit=limit,
+                  batch_size=batch_size, seed=seed, timeout=timeout)
+    for name, value in values.items():
+        problem = None if value is None and name == "limit" else ARG_RANGES[name].problem(value)
+        if problem:
+            raise ValueError(f"evaluate: {name} {problem}")
+    if 0 < temperature < 1e-3:
+        raise ValueError(f"evaluate: temperature {temperature} is greedy in all but name; use 0 for greedy or "
+                         f"at least 0.001")
     if temperature == 0 and n > 1:
         raise ValueError("evaluate: n > 1 with temperature 0 gives n identical greedy samples; set --temperature")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"evaluate: top_p must be in (0, 1], got {top_p}")
-    if max_new_tokens < 1 or batch_size < 1:
-        raise ValueError("evaluate: max_new_tokens and batch_size must be >= 1")
-    if limit is not None and limit < 1:
-        raise ValueError(f"evaluate: limit must be >= 1 or None, got {limit}")
     if template not in TEMPLATES:
         raise ValueError(f"evaluate: unknown template {template!r}; known: {', '.join(TEMPLATES)}")
 
@@ -192,7 +199,7 @@ def evaluate(model, tokenizer, benchmarks: str | Sequence[str], *, n: int = 1, t
     ``batch_size`` rows at a time). Writes samples and
     ``results.json`` under ``output_dir`` when given, and prints the table to ``stream`` (stdout).
     """
-    _check(n, temperature, top_p, max_new_tokens, limit, batch_size, template)
+    _check(n, temperature, top_p, max_new_tokens, limit, batch_size, template, seed, timeout)
     names = _parse_benchmarks(benchmarks)
     out_dir = Path(output_dir) if output_dir is not None else None
     if out_dir is not None:
@@ -258,23 +265,26 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    import torch
-
+    from oblr.config import check_options
+    from oblr.distributed.env import resolve_device
     from oblr.models import load_model_and_tokenizer
+    from oblr.rollout import ENGINES, check_engine, make_engine
+    from oblr.safe_load import load_yaml
 
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    # every flag is checked before the model loads: numbers, device, dtype, benchmarks, engine and its options
+    _check(args.n, args.temperature, args.top_p, args.max_new_tokens, args.limit, args.batch_size, args.template,
+           args.seed, args.timeout)
+    if not re.fullmatch(r"auto|(cpu|cuda|mps)(:\d+)?", args.device):
+        raise ValueError(f"--device {args.device!r} is not auto, cpu, cuda, cuda:N or mps")
+    device = str(resolve_device(args.device))  # e.g. cuda on a machine without CUDA: one line, here
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
-    _check(args.n, args.temperature, args.top_p, args.max_new_tokens, args.limit, args.batch_size, args.template)
-    names = _parse_benchmarks(args.benchmarks)  # before the model loads
-    import yaml
-
-    from oblr.rollout import check_engine, make_engine
-
+    names = _parse_benchmarks(args.benchmarks)
     check_engine(args.engine)  # unknown, or missing its package: fails here with one line, before the model loads
-    options = yaml.safe_load(args.engine_options)
+    options = load_yaml(args.engine_options, "--engine-options")
     if not isinstance(options, dict):
         raise ValueError(f"--engine-options: expected a mapping like '{{memory_fraction: 0.3}}', got "
                          f"{args.engine_options!r}")
+    options = check_options(ENGINES, args.engine, options, "--engine-options")
     out = args.output_dir
     if out is None:
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(args.model).rstrip("/").split("/")[-1]) or "model"

@@ -17,11 +17,17 @@ show, so they always agree.
 ``modules`` names modules imported on the first lookup, for registries whose entries live in modules
 that are costly to import eagerly (a module that does not exist, or whose optional dependency is
 missing, is skipped).
+
+:meth:`Registry.options` reads the keyword options an entry accepts from its signature (after the
+``leading`` parameters oblr passes itself, e.g. ``model, tokenizer`` of an engine factory; ``target``
+picks the callable out of an entry that is not one), so config validation checks option names, types and
+ranges of built-in and plugin entries alike without calling them (:func:`oblr.config.option_problems`).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,11 +42,13 @@ class UnknownNameError(KeyError, ValueError):
 class Registry:
     """Names -> objects of one ``kind`` (used in messages, e.g. "rollout engine")."""
 
-    def __init__(self, kind: str, *, modules: tuple[str, ...] = ()):
+    def __init__(self, kind: str, *, modules: tuple[str, ...] = (), leading: int = 0,
+                 target: Callable[[Any], Callable] | None = None):
         self.kind = kind
         self._entries: dict[str, Any] = {}
         self._modules = tuple(modules)
         self._loaded = not modules
+        self._leading, self._target = leading, target
 
     def _load(self) -> None:
         if self._loaded:
@@ -82,6 +90,11 @@ class Registry:
         except (KeyError, TypeError):
             raise UnknownNameError(self.unknown_message(name)) from None
 
+    def options(self, name: str) -> dict[str, inspect.Parameter] | None:
+        """The keyword options entry ``name`` accepts, from its signature (see :func:`option_parameters`)."""
+        entry = self.get(name)
+        return option_parameters(self._target(entry) if self._target else entry, leading=self._leading)
+
     def unknown_message(self, name: Any) -> str:
         return f"unknown {self.kind} {name!r}; registered: {', '.join(self.names()) or '(none)'}"
 
@@ -106,3 +119,18 @@ class Registry:
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self.names())})"
+
+
+def option_parameters(fn: Callable, *, leading: int = 0) -> dict[str, inspect.Parameter] | None:
+    """``{name: Parameter}`` of the options ``fn`` (a function or a class) takes by keyword after its first
+    ``leading`` parameters, annotations evaluated where they can be (``Annotated[...]`` kept); None when it
+    takes ``**kwargs`` (any name is accepted)."""
+    try:
+        sig = inspect.signature(fn, eval_str=True)
+    except (NameError, TypeError, SyntaxError):  # an annotation that names something unimportable here
+        sig = inspect.signature(fn)
+    params = list(sig.parameters.values())[leading:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name: p for p in params
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}

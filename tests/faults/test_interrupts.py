@@ -1,10 +1,11 @@
-"""Ctrl-C (a real SIGINT to a real `oblr train` process): the resumed run equals the run that was never
-interrupted, and summary.json describes what metrics.jsonl holds, also when the signal lands in an
+"""Ctrl-C and SIGTERM (real signals to a real `oblr train` process): the resumed run equals the run that was
+never interrupted, and summary.json describes what metrics.jsonl holds, also when the signal lands in an
 evaluation."""
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
@@ -17,7 +18,11 @@ COMPARED = ("train/reward_mean", "optim/grad_norm", "optim/lr", "snr/S", "snr/V"
             "train/entropy")
 
 
-def test_ctrl_c_then_resume_equals_the_uninterrupted_run(small_builtin, tmp_path):
+@pytest.mark.parametrize("sig, status, word", [(signal.SIGINT, 130, "interrupted"),
+                                               (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_then_resume_equals_the_uninterrupted_run(small_builtin, tmp_path, sig, status, word):
+    """SIGTERM (``kill PID``, a scheduler ending the job) takes Ctrl-C's path: checkpoint of the last completed
+    step, summary written, exit status 143."""
     a, b = tmp_path / "interrupted", tmp_path / "straight"
     common = ["train.save_every=0", "train.eval_every=0", "task.eval_size=0"]
     proc = start(train_args(small_builtin, a, 500, *common))
@@ -25,8 +30,9 @@ def test_ctrl_c_then_resume_equals_the_uninterrupted_run(small_builtin, tmp_path
     # into the next step by half a step's time, so the signal most likely lands after it drew random numbers
     # (where a checkpoint with the RNG state of the moment diverges); the assertions hold wherever it lands
     time.sleep(0.5 * train_rows(a)[1]["time/step"])
-    rc, _, err = stop(proc)
-    assert rc == 130, err[-2000:]
+    rc, _, err = stop(proc, sig)
+    assert rc == status and err.strip().endswith(f"oblr: {word}"), err[-2000:]
+    assert json.loads((a / "summary.json").read_text())["status"] == "interrupted"
     k = load_trainer_state(latest_checkpoint(a))["step"]
     assert sorted(train_rows(a)) == list(range(1, k + 1))  # the checkpoint is the last step logged
     assert main(train_args(small_builtin, a, k + 2, *common) + ["--resume"]) == 0

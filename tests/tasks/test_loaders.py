@@ -181,3 +181,16 @@ def test_math_data_task(tmp_path):
     assert t.reward("\\boxed{0.5}", t.train[0]) == 1.0
     with pytest.raises(ValueError, match="needs train="):
         get_task("math_data")
+
+
+def test_a_datasets_failure_is_one_line_naming_the_source(monkeypatch):
+    import datasets
+
+    def offline(*a, **k):
+        raise ConnectionError("Couldn't reach 'org/name' on the Hub (LocalEntryNotFoundError)\nmore detail")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ValueError) as e:
+        load_hf_dataset("org/name")
+    assert str(e.value) == ("org/name: cannot load it as a `datasets` dataset (ConnectionError: Couldn't reach "
+                            "'org/name' on the Hub (LocalEntryNotFoundError))")

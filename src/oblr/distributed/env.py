@@ -79,12 +79,19 @@ def resolve_backend(backend: str, device: str = "auto") -> str:
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:
-    """One device per rank: ``auto``/``cuda`` -> ``cuda:LOCAL_RANK`` (``auto`` without CUDA -> cpu)."""
+    """One device per rank: ``auto``/``cuda`` -> ``cuda:LOCAL_RANK`` (``auto`` without CUDA -> cpu). A device
+    this machine does not have (CUDA, a CUDA index, MPS) or a malformed name raises
+    :class:`DistributedSetupError` (one line) -- before any model loads."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         device = f"cuda:{local_rank}"
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise DistributedSetupError(f"device {device!r} is not auto, cpu, cuda, cuda:N or mps") from None
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise DistributedSetupError(f"device {device!r} asked for, but this machine has no MPS (Apple GPU) device")
     if dev.type == "cuda":
         n = torch.cuda.device_count()
         if n == 0:

@@ -32,7 +32,8 @@ from typing import Any
 
 import yaml
 
-from oblr.config import Config, ConfigError, apply_overrides, config_from_dict
+from oblr.config import Config, ConfigError, apply_overrides, config_from_dict, read_config_file
+from oblr.safe_load import InputError, load_yaml_file
 from oblr.train.checkpoint import latest_checkpoint
 from oblr.train.run_dir import RESUMABLE_CHANGES, config_diff, flatten
 
@@ -106,10 +107,7 @@ def _load_base(base: Any, grid_path: Path | None) -> tuple[dict, str]:
     tried.append(Path(base))
     for p in tried:
         if p.is_file():
-            data = yaml.safe_load(p.read_text()) or {}
-            if not isinstance(data, dict):
-                raise ConfigError(f"base config {p} must hold a mapping of sections")
-            return data, str(p)
+            return read_config_file(p), str(p)
     raise ConfigError(f"grid {grid_path}: base config {base!r} not found (tried {', '.join(map(str, tried))})")
 
 
@@ -159,9 +157,9 @@ def load_grid(path: str | Path) -> Grid:
     if not p.is_file():
         raise ConfigError(f"grid file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"grid file {p} is not valid YAML: {e}") from None
+        data = load_yaml_file(p, what="grid file")
+    except InputError as e:
+        raise ConfigError(f"grid file {e}") from None
     return grid_from_dict(data, str(p), p)
 
 
@@ -204,7 +202,7 @@ def decide(run_dir: Path, cfg: Config) -> tuple[str, str]:
     if hard:
         return "conflict", (f"{run_dir} holds a run with another configuration (changed: {', '.join(hard)}); "
                             f"move it away or use another --out")
-    saved_steps = flatten(yaml.safe_load((run_dir / "config.yaml").read_text()))["train.steps"]
+    saved_steps = flatten(read_config_file(run_dir / "config.yaml")).get("train.steps", Config().train.steps)
     if has_summary:
         if cfg.train.steps == saved_steps:
             return "reuse", ("finished" + (f" (differs only in {', '.join(diff)})" if diff else ""))

@@ -267,7 +267,14 @@ def register_cli(sub) -> None:
 
 
 def _cmd_proxy_study(args) -> int:
+    from oblr.config import COUNT, Range, check_flags
+    from oblr.distributed.env import resolve_device
     from oblr.experiments.stats import config_value, run_config
+
+    check_flags({"--prompts": (args.prompts, COUNT),
+                 "--group-size": (args.group_size, Range(ge=2, le=2**31 - 1)),
+                 "--max-new-tokens": (args.max_new_tokens, COUNT), "--seed": (args.seed, Range(ge=0, le=2**32 - 1))})
+    resolve_device(args.device)  # a device this machine lacks: one line, before any model loads
 
     cfg = run_config(args.checkpoints) if args.checkpoints else {}
     points = study_points(args.checkpoints, args.model)

@@ -264,6 +264,9 @@ def register_cli(sub) -> None:
 
 
 def _cmd_compare(args) -> int:
+    from oblr.config import MAX_THREADS, Range, check_flags
+
+    check_flags({"--jobs": (args.jobs, Range(ge=1, le=MAX_THREADS))})
     grid = load_grid(args.config)
     out = args.out or grid.out or str(Path("runs") / Path(args.config).stem)
     command = "oblr " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
@@ -273,6 +276,9 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_report(args) -> int:
+    from oblr.config import Range, check_flags
+
+    check_flags({"--target": (args.target, Range(ge=0, le=1))})
     if args.out:
         out = Path(args.out)
     elif len(args.paths) == 1 and not (Path(args.paths[0]) / "metrics.jsonl").is_file():

@@ -134,12 +134,9 @@ def run_config(run_dir: str | os.PathLike) -> dict:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         return {}
-    import yaml
+    from oblr.safe_load import load_yaml_file
 
-    try:
-        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({e})") from None
+    cfg = load_yaml_file(path, what="run config")  # an InputError (a ValueError) names the file and line
     if cfg is None:
         return {}
     if not isinstance(cfg, dict):

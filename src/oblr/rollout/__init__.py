@@ -18,8 +18,10 @@ measurement use nothing else; a vLLM engine and a TRL adapter plug in here):
   every training step, before the next rollouts (the HF engine samples with the live policy module, so it is a no-op there; an engine holding its own
   copy of the weights pushes them). ``close()`` frees the engine's resources.
 - :data:`ENGINES` -- the registry of engine factories ``f(model, tokenizer, **options) -> RolloutEngine``
-  (``@register_engine("name")``); :func:`make_engine` builds one by name (config key ``rollout.engine``,
-  options from ``rollout.engine_options``); :func:`check_engine` says before a model loads whether it can run. Registered here: ``hf`` (:mod:`oblr.rollout.hf`, our KV-cache
+  (``@register_engine("name")``; the factory's keyword parameters after ``model, tokenizer`` are its
+  options, checked by name, type and ``Annotated[..., Range(...)]`` before a model loads);
+  :func:`make_engine` builds one by name (config key ``rollout.engine``, options from
+  ``rollout.engine_options``); :func:`check_engine` says before a model loads whether it can run. Registered here: ``hf`` (:mod:`oblr.rollout.hf`, our KV-cache
   decoding loop over a Hugging Face causal LM) and ``vllm`` (:mod:`oblr.rollout.vllm`, vLLM's offline
   ``LLM`` colocated in this process; needs the ``vllm`` package, see ``make setup-vllm``).
   Code outside this package never imports an engine module.
@@ -66,7 +68,8 @@ class RolloutEngine(Protocol):
     def close(self) -> None: ...
 
 
-ENGINES = Registry("rollout engine", modules=("oblr.rollout.hf", "oblr.rollout.vllm"))
+# a factory's first two parameters (model, tokenizer) are oblr's; the rest are rollout.engine_options
+ENGINES = Registry("rollout engine", modules=("oblr.rollout.hf", "oblr.rollout.vllm"), leading=2)
 
 
 def register_engine(name: str) -> Callable:
@@ -75,8 +78,12 @@ def register_engine(name: str) -> Callable:
 
 
 def make_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
-    """The engine registered as ``name``, built for ``model`` and ``tokenizer`` with ``options``."""
-    return ENGINES.get(name)(model, tokenizer, **options)
+    """The engine registered as ``name``, built for ``model`` and ``tokenizer`` with ``options`` (their names,
+    types and ranges checked against the factory's signature first: :func:`oblr.config.check_options`)."""
+    from oblr.config import check_options
+
+    factory = ENGINES.get(name)
+    return factory(model, tokenizer, **check_options(ENGINES, name, options, "rollout.engine_options"))
 
 
 def check_engine(name: str) -> None:

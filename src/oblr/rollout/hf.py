@@ -19,9 +19,11 @@ holds log q(token), q = softmax(logits / temperature) restricted to the top-p se
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Annotated
 
 import torch
 
+from oblr.config import INT_MAX, Range
 from oblr.logprobs import position_ids_from_mask, sampling_log_probs
 from oblr.rollout import RolloutBatch, register_engine
 
@@ -220,9 +222,8 @@ class HFEngine:
     """The in-process engine: :func:`generate` with the live policy module (``batch_size``: rows per
     decoding chunk, None = all at once). ``sync_weights`` only records which module to sample with."""
 
-    def __init__(self, model, tokenizer, *, batch_size: int | None = None):
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"hf engine: batch_size must be >= 1 or None, got {batch_size}")
+    def __init__(self, model, tokenizer, *, batch_size: Annotated[int | None, Range(ge=1, le=INT_MAX)] = None):
+        # the annotation is checked by make_engine and the config (and generate checks it again)
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
 
     def generate(self, prompts: list[str], *, num_samples: int, max_new_tokens: int, temperature: float = 1.0,

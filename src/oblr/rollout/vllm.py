@@ -33,9 +33,11 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
 
 import torch
 
+from oblr.config import INT_MAX, Range
 from oblr.rollout import RolloutBatch, register_engine
 from oblr.rollout.hf import assemble_batch, check_generate_args, encode_prompts, special_ids
 from oblr.rollout.weights import checkpoint_weights
@@ -167,12 +169,13 @@ class VLLMEngine:
     """
 
     def __init__(self, model, tokenizer, *, model_path: str | os.PathLike | None = None,
-                 memory_fraction: float = 0.3, max_model_len: int | None = None, batch_size: int | None = None,
-                 enforce_eager: bool | None = None, seed: int = 0, llm_kwargs: dict | None = None):
-        if not 0 < memory_fraction < 1:
-            raise ValueError(f"vllm engine: memory_fraction must be in (0, 1), got {memory_fraction}")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"vllm engine: batch_size must be >= 1 or None, got {batch_size}")
+                 memory_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.3,
+                 max_model_len: Annotated[int | None, Range(ge=1, le=INT_MAX)] = None,
+                 batch_size: Annotated[int | None, Range(ge=1, le=INT_MAX)] = None,
+                 enforce_eager: bool | None = None, seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 0,
+                 llm_kwargs: dict | None = None):
+        # option names, types and ranges (the annotations) are checked by make_engine and by the config,
+        # without importing vllm
         max_num_seqs = batch_size or 256
         vllm = require_vllm()
         from vllm.platforms import current_platform
@@ -293,13 +296,9 @@ class VLLMEngine:
         return res
 
 
-@register_engine("vllm")
-def make_vllm_engine(model, tokenizer, **options) -> VLLMEngine:
-    return VLLMEngine(model, tokenizer, **options)
-
-
 def _unavailable() -> str | None:
     return None if vllm_available() else INSTALL_HINT
 
 
-make_vllm_engine.unavailable = _unavailable  # read by oblr.rollout.check_engine before a model loads
+VLLMEngine.unavailable = staticmethod(_unavailable)  # read by oblr.rollout.check_engine before a model loads
+register_engine("vllm")(VLLMEngine)  # the class is the factory: its signature declares the options

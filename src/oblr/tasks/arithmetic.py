@@ -25,12 +25,15 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
+from oblr.config import Range
 from oblr.tasks.base import Example, Task, register_task
 
 _PREC = {"+": 1, "-": 1, "*": 2}
 
 #: presets: (min_ops, max_ops, max_operand, max_value)
+MAX_EXAMPLES = 10_000_000  # n_train / n_eval: beyond this, generating the set takes minutes and GBs
 DIFFICULTIES: dict[str, tuple[int, int, int, int]] = {
     "easy": (2, 2, 20, 200),
     "medium": (2, 3, 50, 999),
@@ -223,11 +226,15 @@ class ArithmeticTask(Task):
 
 
 @register_task("arithmetic")
-def arithmetic_task(*, seed: int = 0, n_train: int = 20000, n_eval: int = 500, difficulty: str = "easy",
-                    min_ops: int | None = None, max_ops: int | None = None, max_operand: int | None = None,
-                    max_value: int | None = None, ops: str = "+-*") -> ArithmeticTask:
+def arithmetic_task(*, seed: int = 0, n_train: Annotated[int, Range(ge=0, le=MAX_EXAMPLES)] = 20000,
+                    n_eval: Annotated[int, Range(ge=0, le=MAX_EXAMPLES)] = 500, difficulty: str = "easy",
+                    min_ops: Annotated[int | None, Range(ge=1, le=12)] = None,
+                    max_ops: Annotated[int | None, Range(ge=1, le=12)] = None,
+                    max_operand: Annotated[int | None, Range(ge=2, le=10**9)] = None,
+                    max_value: Annotated[int | None, Range(ge=2, le=10**12)] = None, ops: str = "+-*") -> ArithmeticTask:
     """Build the arithmetic task. Explicit ``min_ops``/``max_ops``/``max_operand``/``max_value`` override
-    the ``difficulty`` preset (see :data:`DIFFICULTIES`)."""
+    the ``difficulty`` preset (see :data:`DIFFICULTIES`). The annotations' ranges are checked with the config
+    (``task.options``) before anything is built."""
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"arithmetic task: unknown difficulty {difficulty!r}; "
                          f"choose one of {', '.join(DIFFICULTIES)}")

@@ -1,4 +1,8 @@
-"""Task interface, the task registry (:data:`TASKS`) and rewards that never raise."""
+"""Task interface, the task registry (:data:`TASKS`) and rewards that never raise.
+
+A task factory's keyword parameters are its options (config key ``task.options``): their names, simple
+types, ``Literal`` choices and ``Annotated[..., Range(...)]`` ranges are checked with the config, before
+any data or model loads."""
 
 from __future__ import annotations
 
@@ -46,7 +50,12 @@ def available_tasks() -> list[str]:
 
 
 def get_task(name: str, **options) -> Task:
-    return TASKS.get(name)(**options)
+    """The task ``name`` built with ``options``, checked against its factory's signature first (names, types,
+    ranges: :func:`oblr.config.check_options`), so a wrong option is one line, never a ``TypeError``."""
+    from oblr.config import check_options
+
+    factory = TASKS.get(name)
+    return factory(**check_options(TASKS, name, options, "task.options"))
 
 
 def task_accepts(name: str, option: str) -> bool:

@@ -1,8 +1,12 @@
 """Loaders for the math sets in ``../shared/data`` and for user data (JSONL, JSON, Parquet, ``datasets``).
 
 Every loader returns :class:`Records`, a list of :class:`MathRecord` with ``skipped`` (rows dropped under
-``on_error="skip"``) and ``errors`` (their messages). A malformed row -- bad JSON, a missing or empty field,
-an answer that cannot be extracted -- raises ``ValueError("<file>:<line>: ...")`` unless ``on_error="skip"``.
+``on_error="skip"``) and ``errors`` (their messages). A malformed row -- a line that is not UTF-8, bad or
+over-deep JSON (read through :mod:`oblr.safe_load`), a missing or empty field, an answer that is neither a
+string nor a number (a JSON object, ``null``, a boolean, NaN), an answer that cannot be extracted -- raises
+``ValueError("<file>:<line>: ...")`` unless ``on_error="skip"``, which drops the row, counts it and warns
+once with the count and the first message. Only a file that cannot be split into rows at all (a ``.json``
+array with a syntax error, an unreadable Parquet file) fails under ``skip`` too.
 
 The data directory is ``$OBLR_DATA_DIR`` if set, else ``shared/data`` beside the repository.
 """
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from oblr.grading.extract import last_boxed
+from oblr.safe_load import InputError, load_json
 
 
 @dataclass
@@ -45,27 +50,35 @@ def data_dir() -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- answers
-def _format_number(v: Any) -> str:
-    if isinstance(v, bool):
-        raise ValueError(f"answer is a boolean ({v})")
+_JSON_KINDS = {dict: "a JSON object", list: "a JSON array", type(None): "null", bool: "a boolean"}
+
+
+def _answer_text(v: Any) -> str:
+    """One answer as text: a string stripped, a number written out (``70.0`` -> ``"70"``); anything else
+    (an object, an array, null, a boolean, NaN, inf) raises ValueError."""
+    if isinstance(v, str):
+        s = v.strip()
+        if not s:
+            raise ValueError("answer is empty")
+        return s
     if isinstance(v, float):
         if v != v or v in (float("inf"), float("-inf")):
             raise ValueError(f"answer is {v}")
         return str(int(v)) if v.is_integer() else repr(v)
-    return str(v)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    kind = _JSON_KINDS.get(type(v), type(v).__name__)
+    raise ValueError(f"answer is {kind} ({str(v)[:40]}), expected a string or a number")
 
 
 def answer_plain(value: Any) -> str | list[str]:
-    """The field as the answer: strings stripped, numbers as text (``70.0`` -> ``"70"``), lists kept."""
+    """The field as the answer: strings stripped, numbers as text (``70.0`` -> ``"70"``), a list of those
+    kept (several answers, OlympiadBench)."""
     if isinstance(value, (list, tuple)):
-        items = [answer_plain(v) for v in value]
-        if not items:
+        if not value:
             raise ValueError("answer list is empty")
-        return items
-    s = value.strip() if isinstance(value, str) else _format_number(value)
-    if not s:
-        raise ValueError("answer is empty")
-    return s
+        return [_answer_text(v) for v in value]
+    return _answer_text(value)
 
 
 def answer_gsm8k(value: Any) -> str:
@@ -92,38 +105,59 @@ ANSWER_FORMATS: dict[str, Callable[[Any], Any]] = {"plain": answer_plain, "gsm8k
 
 # ---------------------------------------------------------------------------------------------- rows
 def _iter_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """``(line or row number, row dict)``; a JSON syntax error raises ValueError naming file and line."""
+    """``(line or row number, row)``; a row that cannot be read is a ValueError in place of the row (so
+    ``on_error="skip"`` can drop it); a file that cannot be split into rows raises ValueError naming it."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError as e:  # pragma: no cover - dependency missing
             raise ImportError("reading Parquet needs pyarrow: pip install 'oblr[data]'") from e
-        yield from enumerate(pq.read_table(path).to_pylist(), start=1)
-    elif suffix == ".json":
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        if text.lstrip().startswith("["):
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # noqa: BLE001 - any Arrow failure: the file is not readable Parquet
+            raise ValueError(f"{path}: cannot read it as Parquet ({type(e).__name__}: {e})") from None
+        yield from enumerate(rows, start=1)
+    elif suffix == ".json" and _starts_with_bracket(path):
+        # undecodable bytes kept as lone surrogates: they fail the row that holds them, not the whole file
+        text = path.read_bytes().decode("utf-8", errors="surrogateescape")
+        try:
+            rows = load_json(text, str(path))
+        except InputError as e:
+            raise ValueError(str(e)) from None
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: a JSON file must hold one array of rows or one object per line")
+        for i, row in enumerate(rows, start=1):
             try:
-                rows = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
-            yield from enumerate(rows, start=1)
-        else:
-            yield from _iter_jsonl(path)
+                json.dumps(row, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError as e:
+                row = ValueError(f"not valid UTF-8 (byte 0x{ord(e.object[e.start]) & 0xFF:02x})")
+            yield i, row
     else:
         yield from _iter_jsonl(path)
 
 
+def _starts_with_bracket(path: Path) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip(b" \t\r\n\xef\xbb\xbf")
+    return head.startswith(b"[")
+
+
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
+    """One JSON value per line, each line decoded and parsed on its own (a bad line fails only itself)."""
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield i, ValueError(f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+                continue
             if not line.strip():
                 continue
             try:
-                yield i, json.loads(line)
-            except json.JSONDecodeError as e:
-                yield i, ValueError(f"invalid JSON: {e.msg} (column {e.colno})")
+                yield i, load_json(line, "row")
+            except InputError as e:
+                yield i, ValueError(e.what)
 
 
 def _record(row: Any, question: str, answer: str, solution: str | None, answer_format: str,
@@ -208,10 +242,14 @@ def load_hf_dataset(dataset: Any, *, split: str = "train", config: str | None = 
     if isinstance(dataset, (str, os.PathLike)):
         name = str(dataset)
         p = Path(name)
-        if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
-            ds = datasets.load_from_disk(name)
-        else:
-            ds = datasets.load_dataset(name, config, split=split)
+        try:
+            if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
+                ds = datasets.load_from_disk(name)
+            else:
+                ds = datasets.load_dataset(name, config, split=split)
+        except Exception as e:  # noqa: BLE001 - not found, no network, a broken folder: one line naming it
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ValueError(f"{name}: cannot load it as a `datasets` dataset ({type(e).__name__}: {first})") from None
         source = name
     else:
         ds, source = dataset, getattr(dataset, "info", None) and dataset.info.dataset_name or "dataset"

@@ -24,10 +24,12 @@ own fields. The reward is 1.0 when :func:`oblr.grading.grade` says correct, else
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from oblr.config import INT_MAX, Range
 from oblr.grading import DEFAULT_TIMEOUT, grade, grade_many, normalize_reference
 from oblr.tasks.base import Example, Task, register_task
 from oblr.tasks.loaders import BENCHMARKS, MathRecord, load_benchmark, load_file, load_hf_dataset
@@ -92,8 +94,12 @@ class MathTask(Task):
         return out
 
 
-def benchmark_task(name: str, *, template: str = "auto", tokenizer: Any = None, limit: int | None = None,
-                   train_limit: int | None = None, timeout: float = DEFAULT_TIMEOUT, root=None) -> MathTask:
+Limit = Annotated[int | None, Range(ge=0, le=INT_MAX)]  # first rows (None = all, 0 = none)
+Timeout = Annotated[float, Range(gt=0, le=3600)]  # seconds per symbolic check (0 would grade every answer wrong)
+
+
+def benchmark_task(name: str, *, template: str = "auto", tokenizer: Any = None, limit: Limit = None,
+                   train_limit: Limit = None, timeout: Timeout = DEFAULT_TIMEOUT, root=None) -> MathTask:
     """The task of a built-in set; eval is its test split, train its train split where it has one."""
     spec = BENCHMARKS[name]
     kw = dict(kind=spec.kind, template=template, tokenizer=tokenizer, benchmark=name)
@@ -108,6 +114,8 @@ def _make_factory(name: str):
         return benchmark_task(name, **options)
 
     factory.__doc__ = f"Task {name!r}: see :func:`benchmark_task`."
+    sig = inspect.signature(benchmark_task, eval_str=True)  # its options are benchmark_task's (name aside)
+    factory.__signature__ = sig.replace(parameters=list(sig.parameters.values())[1:])
     return factory
 
 
@@ -115,18 +123,34 @@ for _name in EVAL_BENCHMARKS:
     register_task(_name)(_make_factory(_name))
 
 
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".txt", ".arrow")
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether ``name`` can only be a local path (never a ``datasets`` Hub name ``[org/]name``): absolute,
+    relative to ``.``/``..``/``~``, more than one ``/``, or a data-file suffix."""
+    return (name.startswith(("/", "./", "../", "~", "\\")) or name in (".", "..") or name.count("/") > 1
+            or "\\" in name or name.lower().endswith(DATA_SUFFIXES))
+
+
 def _load_source(source: Any, split: str, **fields) -> list[MathRecord]:
-    if isinstance(source, (str, Path)) and Path(source).is_file():
-        return load_file(source, **fields)
+    if isinstance(source, (str, Path)):
+        p = Path(source).expanduser()
+        if p.is_file():
+            return load_file(p, **fields)
+        if not p.is_dir() and (isinstance(source, Path) or looks_like_path(str(source))):
+            # a path that does not exist: refused at once, never tried as a Hub dataset name
+            raise FileNotFoundError(f"data file not found: {source}")
     return load_hf_dataset(source, split=split, **fields)
 
 
 @register_task("math_data")
-def math_data_task(*, train: Any = None, eval: Any = None, kind: str = "math", question: str = "question",
-                   answer: str = "answer", solution: str | None = None, answer_format: str = "plain",
-                   train_split: str = "train", eval_split: str = "test", on_error: str = "raise",
-                   template: str = "auto", tokenizer: Any = None, limit: int | None = None,
-                   train_limit: int | None = None, timeout: float = DEFAULT_TIMEOUT) -> MathTask:
+def math_data_task(*, train: Any = None, eval: Any = None, kind: Literal["gsm8k", "math"] = "math",
+                   question: str = "question", answer: str = "answer", solution: str | None = None,
+                   answer_format: Literal["plain", "gsm8k", "boxed"] = "plain", train_split: str = "train",
+                   eval_split: str = "test", on_error: Literal["raise", "skip"] = "raise", template: str = "auto",
+                   tokenizer: Any = None, limit: Limit = None, train_limit: Limit = None,
+                   timeout: Timeout = DEFAULT_TIMEOUT) -> MathTask:
     """User data: ``train``/``eval`` are a local ``.jsonl``/``.json``/``.parquet`` file, a ``save_to_disk``
     folder, a ``datasets`` name, or a ``datasets.Dataset``; ``question``/``answer``/``solution`` name the
     fields; ``answer_format`` is "plain", "gsm8k" (after ``####``) or "boxed"; ``kind`` the grading kind."""

@@ -20,9 +20,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-import yaml
-
-from oblr.config import Config, ConfigError, config_from_dict
+from oblr.config import Config, ConfigError, config_from_dict, read_config_file
 from oblr.train.checkpoint import latest_checkpoint
 
 LOCK_FILE = ".oblr.lock"
@@ -49,8 +47,8 @@ def config_diff(saved_yaml: Path, cfg: Config) -> dict[str, tuple] | None:
     ``saved_yaml`` and ``cfg`` (keys a saved config lacks take their defaults); None when the file cannot be
     read as a config."""
     try:
-        saved = flatten(config_from_dict(yaml.safe_load(Path(saved_yaml).read_text())).to_dict())
-    except (ConfigError, yaml.YAMLError, OSError, AttributeError):
+        saved = flatten(config_from_dict(read_config_file(saved_yaml)).to_dict())
+    except (ConfigError, OSError):
         return None
     now = flatten(cfg.to_dict())
     return {k: (saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}

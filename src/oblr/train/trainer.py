@@ -16,9 +16,9 @@ torch.distributed.checkpoint (every rank its shards, :mod:`oblr.distributed.shar
 atomic checkpoint folder, and the consolidated Hugging Face weights at the end of the run.
 
 A run holds its folder's lock from start to end. The state changes of a step (update, logging) run with
-Ctrl-C held back (:mod:`oblr.train.interrupts`), and ``self._done`` keeps the last completed step with the
-RNG state from its end, so the checkpoint written after Ctrl-C is the one an uninterrupted run would have
-written. summary.json is written on every exit path and describes what metrics.jsonl holds.
+Ctrl-C and SIGTERM held back (:mod:`oblr.train.interrupts`; SIGTERM is an interrupt like Ctrl-C during a
+run), and ``self._done`` keeps the last completed step with the RNG state from its end, so the checkpoint
+written after Ctrl-C or SIGTERM is the one an uninterrupted run would have written. summary.json is written on every exit path and describes what metrics.jsonl holds.
 docs/faults.md lists what happens on each fault.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import sys
 import time
@@ -55,7 +56,7 @@ from oblr.schedules import make_lr_controller
 from oblr.tasks import get_task, reward_scorer
 from oblr.tasks.base import RewardFailures, task_accepts
 from oblr.train import checkpoint as ckpt
-from oblr.train.interrupts import sigint_deferred
+from oblr.train.interrupts import sigint_deferred, sigterm_as_interrupt
 from oblr.train.optimizers import make_optimizer
 from oblr.train.ranks import shared_run_dir, start
 from oblr.train.run_dir import check_writable, lock_run_dir, resolve_run_dir
@@ -104,6 +105,10 @@ class Trainer:
         except ImportError:  # pragma: no cover
             pass
         if cfg.train.threads > 0:
+            cores = os.cpu_count() or 1
+            if cfg.train.threads > cores:
+                self._warn(f"train.threads={cfg.train.threads} exceeds this machine's {cores} CPU cores; threads "
+                           f"will compete for them")
             torch.set_num_threads(cfg.train.threads)
         # data first: a malformed data file fails before a model loads
         self.task = get_task(cfg.task.name, **cfg.task.options)
@@ -411,7 +416,8 @@ class Trainer:
         # rank 0 owns the folder: held until the run ends; the kernel frees it if the process dies
         lock = lock_run_dir(self.run_dir) if self.dist.is_main else None
         try:
-            return self._run(wall0)
+            with sigterm_as_interrupt():  # SIGTERM takes Ctrl-C's path: last completed step saved, summary written
+                return self._run(wall0)
         finally:
             if lock is not None:
                 lock.close()
