@@ -52,6 +52,10 @@ SCENARIOS = [
     Scenario("ddp-grpo-plain", "ddp", baseline="grpo", need_snr=False, aggregation="seq_mean"),
 ]
 
+# fsdp with bf16 compute (distributed.options.param_dtype=bfloat16, float32 reductions): close to the float32
+# step, not equal, so it is compared loosely in its own test
+BF16_SCENARIO = Scenario("fsdp-oblr-bf16-compute", "fsdp", aggregation="token_mean")
+
 
 def fixed_batch():
     """N*G rows ``[pad prompt | response pad]`` with different prompt and response lengths; rewards vary

@@ -10,7 +10,7 @@ import sys
 
 import torch
 from conftest import tiny_qwen3
-from distributed_helpers import SCENARIOS, data_parallel_step
+from distributed_helpers import BF16_SCENARIO, SCENARIOS, data_parallel_step
 from torch.distributed.tensor import DTensor
 
 from oblr.distributed import (
@@ -72,6 +72,11 @@ def main(out_path: str) -> None:
                 out[key] = [_full(t).detach().clone() for t in out[key]]
         out["param_types"] = sorted({type(p).__name__ for p in model.parameters()})
         results[sc.name] = out
+    sc = BF16_SCENARIO
+    parallel = make_parallel(sc.mode, param_dtype="bfloat16")
+    model = parallel.prepare(tiny_qwen3().train())
+    out = data_parallel_step(model, None, sc, parallel, env.rank, env.world_size)
+    results[sc.name] = {k: float(out[k]) for k in ("grad_sq", "S", "V", "lr")}
     if env.is_main:
         torch.save(results, out_path)
     shutdown()

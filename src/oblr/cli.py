@@ -16,6 +16,9 @@ import sys
 
 from oblr import __version__
 
+# the most processes --nproc starts on one machine (torchrun --standalone is single-node)
+MAX_NPROC = 1024
+
 
 def _train_parser(sub) -> None:
     from oblr.config import config_help
@@ -77,8 +80,8 @@ def torchrun_command(args, overrides: list[str]) -> tuple[list[str], list[str]]:
     from oblr.train.ranks import check_distributed
 
     k = args.nproc
-    if k < 1:
-        raise ConfigError(f"--nproc must be >= 1, got {k}")
+    if not 1 <= k <= MAX_NPROC:
+        raise ConfigError(f"--nproc must be in [1, {MAX_NPROC}] (processes on this machine, one per device), got {k}")
     if launched():
         raise ConfigError("--nproc starts torchrun itself, but this process was already started by a distributed "
                           "launch (RANK/WORLD_SIZE are set); leave --nproc out under torchrun")

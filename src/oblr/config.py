@@ -193,6 +193,9 @@ class DistributedConfig:
     backend: str = opt("auto", "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")
     timeout_s: float = opt(600.0, "collective timeout: a dead rank stops the others after this long",
                            range=Range(gt=0, le=BIG))
+    options: dict = opt({}, "options of the strategy, e.g. {param_dtype: bfloat16} for fsdp (parameters "
+                            "all-gathered and used in bf16, gradients reduced in float32) or {bucket_mb: 25}; "
+                            "checked against the strategy's signature", options_of="strategy")
 
 
 @dataclass
@@ -211,6 +214,14 @@ class Config:
 
 # ----------------------------------------------------------------------------------------------- parsing
 def _type_name(tp) -> str:
+    """How a message names a type: ``int``, ``'a' | 'b' | None``, ``float | None``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is typing.Literal:
+        return " | ".join(map(repr, typing.get_args(tp)))
+    if tp is type(None):
+        return "None"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -239,7 +250,7 @@ def _coerce(value: Any, tp, key: str):
                 return _coerce(value, a, key)
             except ConfigError:
                 pass
-        raise ConfigError(f"{_label(key)}: expected {tp}, got {_short(value)}")
+        raise ConfigError(f"{_label(key)}: expected {_type_name(tp)}, got {_short(value)}")
     if origin is typing.Literal:
         if value in typing.get_args(tp):
             return value

@@ -95,7 +95,8 @@ def test_tasks_lists_every_registry(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--nproc", "0"], "--nproc must be >= 1, got 0"),
+    (["--nproc", "0"], "--nproc must be in [1, 1024]"),
+    (["--nproc", "100000"], "--nproc must be in [1, 1024]"),
     (["--nproc", "2", "rollout.prompts_per_step=3"], "N = 3 prompts per step do not split over 2 ranks"),
     (["--nproc", "2", "distributed.backend=nccl", "model.device=cpu"], "backend 'nccl'"),
 ])

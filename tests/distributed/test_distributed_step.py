@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_qwen3
-from distributed_helpers import SCENARIOS, N, one_process_step
+from distributed_helpers import BF16_SCENARIO, SCENARIOS, N, one_process_step
 
 HERE = Path(__file__).resolve().parents[1]  # tests/: the worker and the shared helpers
 RTOL = 1e-5
@@ -98,3 +98,14 @@ def test_fsdp_generation_context_lets_ranks_run_different_numbers_of_forwards(wo
     with torch.no_grad():  # the gathered model is the whole model
         ref = tiny_qwen3()(input_ids=torch.arange(1, 9).view(2, 4)).logits
     assert _rel(g["logits"], ref) < RTOL
+
+
+def test_fsdp_with_bf16_compute_is_close_to_the_float32_step(worker_results):
+    """distributed.options.param_dtype=bfloat16: parameters all-gathered and used in bf16, gradients and the
+    norms' reductions in float32. The statistics stay within a few percent of the float32 one-process step,
+    and differ from it (bf16 really was used)."""
+    sc = BF16_SCENARIO
+    got, ref = worker_results[sc.name], one_process_step(*_models(sc), sc)
+    errs = {k: abs(got[k] - float(ref[k])) / abs(float(ref[k])) for k in ("grad_sq", "S", "V", "lr")}
+    assert max(errs.values()) < 0.05, errs
+    assert max(errs[k] for k in ("grad_sq", "S", "V")) > 1e-6, errs

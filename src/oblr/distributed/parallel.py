@@ -24,12 +24,14 @@ bucketed all-reduce; docs/distributed.md has the numbers and the choice.
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
+from typing import Annotated, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from oblr.config import Range
 from oblr.registry import Registry
 
 from .collectives import DEFAULT_BUCKET_MB, all_reduce_grads
@@ -44,9 +46,6 @@ class Single:
     """One process: the model as it is, ``.grad`` filled in place, nothing to reduce."""
 
     name = "none"
-
-    def __init__(self, **_options):
-        pass
 
     def prepare(self, model: nn.Module) -> nn.Module:
         return model
@@ -67,7 +66,7 @@ class Replicated:
 
     name = "ddp"
 
-    def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB):
+    def __init__(self, bucket_mb: Annotated[float, Range(gt=0, le=1e6)] = DEFAULT_BUCKET_MB):
         self.bucket_mb = bucket_mb
 
     def prepare(self, model: nn.Module) -> nn.Module:
@@ -94,8 +93,10 @@ class Sharded:
 
     name = "fsdp"
 
-    def __init__(self, param_dtype: str | None = None, reduce_dtype: str = "float32",
-                 bucket_mb: float = DEFAULT_BUCKET_MB, reshard_after_forward: bool = True):
+    def __init__(self, param_dtype: Literal["float32", "bfloat16", "float16"] | None = None,
+                 reduce_dtype: Literal["float32", "bfloat16"] = "float32",
+                 bucket_mb: Annotated[float, Range(gt=0, le=1e6)] = DEFAULT_BUCKET_MB,
+                 reshard_after_forward: bool = True):
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.bucket_mb, self.reshard_after_forward = bucket_mb, reshard_after_forward
         self._sink: ShardedGradSink | None = None

@@ -59,7 +59,7 @@ def start(cfg: Config):
     """``(DistEnv, parallel)``: the process group of this launch (none without one) and the strategy."""
     check_distributed(cfg)
     env: DistEnv = init_distributed(cfg.distributed.backend, cfg.model.device, timeout_s=cfg.distributed.timeout_s)
-    return env, make_parallel(cfg.distributed.strategy)
+    return env, make_parallel(cfg.distributed.strategy, **cfg.distributed.options)
 
 
 def shared_run_dir(resolve: Callable[[], Path], env: DistEnv) -> Path:
