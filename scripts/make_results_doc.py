@@ -27,6 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reading", type=Path, help="markdown file with the interpretation")
     ap.add_argument("--out", type=Path, default=Path("docs/results.md"))
     ap.add_argument("--grid-args", default="--jobs 2 train.threads=1", help="the options the grid was run with")
+    ap.add_argument("--machine", default="2 CPU cores", help="where the grid ran, as the doc should say it")
     args = ap.parse_args(argv)
 
     report = args.grid_dir / "report"
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
         "```",
         "",
         f"{len(done)} of {len(runs)} runs finished in {float(status.get('seconds') or 0) / 60:.1f} min of wall "
-        f"time on 2 CPU cores ({wall / 60:.1f} min summed over runs; options `{args.grid_args}`).",
+        f"time on {args.machine} ({wall / 60:.1f} min summed over runs; options `{args.grid_args}`).",
         "",
         "## Comparison (mean ± std over seeds)",
         "",
