@@ -59,6 +59,15 @@ def train_rows(out) -> dict[int, dict]:
     return {r["step"]: r for r in rows(out) if "train/reward_mean" in r}
 
 
+def assert_same_trajectory(a, b, steps: int, keys) -> None:
+    """Runs ``a`` and ``b`` logged steps 1..``steps`` with the same ``keys`` at every step (rel 1e-6)."""
+    ra, rb = train_rows(a), train_rows(b)
+    assert sorted(ra) == sorted(rb) == list(range(1, steps + 1))
+    for step in range(1, steps + 1):
+        for key in keys:
+            assert ra[step][key] == pytest.approx(rb[step][key], rel=1e-6, abs=1e-12), (step, key)
+
+
 def wait_for(proc: subprocess.Popen, ready) -> None:
     """Poll until ``ready()``; fails with the process's output if it ended first or the deadline passed."""
     end = time.time() + DEADLINE

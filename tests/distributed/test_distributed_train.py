@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fault_helpers import env, rows, train_args, train_rows
+from fault_helpers import assert_same_trajectory, env, rows, train_args
 
 from oblr.train.checkpoint import latest_checkpoint, load_trainer_state
 
@@ -98,21 +98,13 @@ def _killed_run(model, out: Path, strategy: str, kill_rank: int, *extra: str) ->
     return k
 
 
-def _same_trajectory(a: Path, b: Path, steps: int) -> None:
-    ra, rb = train_rows(a), train_rows(b)
-    assert sorted(ra) == sorted(rb) == list(range(1, steps + 1))
-    for step in range(1, steps + 1):
-        for key in COMPARED:
-            assert ra[step][key] == pytest.approx(rb[step][key], rel=1e-6, abs=1e-12), (step, key)
-
-
 def test_ddp_killed_rank_stops_the_run_and_resume_gives_the_uninterrupted_trajectory(small_builtin, tmp_path):
     killed, straight = tmp_path / "killed", tmp_path / "straight"
     k = _killed_run(small_builtin, killed, "ddp", kill_rank=1)
     # the run folder resumes (same world size), and an uninterrupted 2-process run gives the same trajectory
     _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *COMMON) + ["--resume"]))
     _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *COMMON)))  # --nproc 2: ddp
-    _same_trajectory(killed, straight, k + 2)
+    assert_same_trajectory(killed, straight, k + 2, COMPARED)
     # one metrics file, written by rank 0 (rows without duplicates: train_rows would hide them)
     assert _metrics_files(straight) == _metrics_files(killed) == ["metrics.jsonl"]
     lines = (straight / "metrics.jsonl").read_text().splitlines()
@@ -132,7 +124,7 @@ def test_fsdp_run_resumes_after_a_kill_and_ends_with_a_consolidated_checkpoint(s
     k = _killed_run(small_builtin, killed, "fsdp", 0, *evals)
     _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *COMMON, *evals) + ["--resume"]))
     _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *COMMON, *evals, "distributed.strategy=fsdp")))
-    _same_trajectory(killed, straight, k + 2)
+    assert_same_trajectory(killed, straight, k + 2, COMPARED)
     ea, eb = ([r for r in rows(run) if "eval/accuracy_greedy" in r] for run in (killed, straight))
     assert [r["step"] for r in ea] == [r["step"] for r in eb] == [0, k + 2]  # evaluated at the start and the end
     for key in ("eval/accuracy_sampled", "eval/accuracy_greedy", "eval/response_length_mean"):

@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from fault_helpers import rows, start, stop, train_args, train_rows, wait_for
+from fault_helpers import assert_same_trajectory, rows, start, stop, train_args, train_rows, wait_for
 
 from oblr.cli import main
 from oblr.train.checkpoint import latest_checkpoint, load_trainer_state
@@ -37,11 +37,7 @@ def test_ctrl_c_then_resume_equals_the_uninterrupted_run(small_builtin, tmp_path
     assert sorted(train_rows(a)) == list(range(1, k + 1))  # the checkpoint is the last step logged
     assert main(train_args(small_builtin, a, k + 2, *common) + ["--resume"]) == 0
     assert main(train_args(small_builtin, b, k + 2, *common)) == 0
-    ra, rb = train_rows(a), train_rows(b)
-    assert sorted(ra) == sorted(rb) == list(range(1, k + 3))
-    for step in range(1, k + 3):
-        for key in COMPARED:
-            assert ra[step][key] == pytest.approx(rb[step][key], rel=1e-6, abs=1e-12), (step, key)
+    assert_same_trajectory(a, b, k + 2, COMPARED)
 
 
 def test_ctrl_c_during_evaluation_summary_matches_the_metrics_file(small_builtin, tmp_path):
