@@ -81,3 +81,21 @@ def test_full_disk_ends_in_one_line_and_the_last_good_checkpoint_is_intact(small
     assert f"{mnt}/run/checkpoints/{good.name} is intact" in line, line
     assert checkpoint_problem(good, deep=True) is None and load_trainer_state(good)["step"] >= 1
     assert not [p for p in (res / "run" / "checkpoints").iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+def test_trainer_state_on_a_full_disk_is_an_os_error(tmp_path):
+    """``torch.save`` on a path reports a full disk as a bare RuntimeError from its zip writer (which the
+    trainer would not recognise as a disk fault); the state file must fail with ENOSPC instead."""
+    mnt, res = tmp_path / "mnt", tmp_path / "res"
+    mnt.mkdir(), res.mkdir()
+    code = ("import errno, torch; from oblr.train.checkpoint import write_state\n"
+            "try:\n"
+            f"    write_state('{mnt}', 3, {{'w': torch.zeros(1_000_000)}})\n"
+            "except OSError as e:\n"
+            "    print('OSError', e.errno == errno.ENOSPC)\n")
+    r = in_namespace(f"""
+        mount -t tmpfs -o size=1m tmpfs {mnt} || exit 99
+        {shlex.quote(sys.executable)} -c {shlex.quote(code)} > {res}/out 2>&1; echo $? > {res}/rc
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (res / "out").read_text().strip() == "OSError True", (res / "out").read_text()

@@ -366,17 +366,19 @@ class Trainer:
         gathered from all ranks -- and commits the folder (manifest, rename, LATEST, pruning)."""
         main = self.dist.is_main
         tmp = Path(broadcast_object(str(ckpt.begin_checkpoint(self.run_dir, step)) if main else None))
-        save_sharded(tmp / SHARDED_DIR, self.model, self.optimizer)
+        with ckpt.writes_as_os_errors():
+            save_sharded(tmp / SHARDED_DIR, self.model, self.optimizer)
         full = full_model_state(self.model) if step == self.cfg.train.steps else None  # collective
         if not main:
             return
         try:
-            if full is not None:
-                self.model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
-            else:
-                self.model.config.save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
-            ckpt.write_state(tmp, step, state)
+            with ckpt.writes_as_os_errors():
+                if full is not None:
+                    self.model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
+                else:
+                    self.model.config.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
+                ckpt.write_state(tmp, step, state)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
