@@ -11,7 +11,7 @@ only each run's ``config.yaml`` and ``summary.json`` (a few kB). A finished run 
 repository, and ``oblr compare`` with the same grid reuses it (config.yaml + summary.json = finished) and
 runs only what is missing; checkpoints and metrics stay local. ``grid-core.yaml`` holds the decade points
 (AdamW 1e-5..1e-2, SGD 0.01..10) of ``grpo-const`` and ``oblr-snr``, so that the comparison the issue asks
-for exists before the half-decade points fill it in.
+for exists before the half-decade points fill it in; ``grid-auto-core.yaml`` the same points of ``oblr-auto``.
 
 ``grids`` writes one ``oblr compare`` grid per method (``grpo-const``: GRPO baseline, constant rate;
 ``oblr-snr``: OBLR-PO, the SNR rule with eta_max = lr; ``oblr-auto``: OBLR-PO with the measured step
@@ -70,18 +70,18 @@ def grid(method: str) -> dict:
 CORE_METHODS = ("grpo-const", "oblr-snr")
 
 
-def core_grid() -> dict:
-    """The decade points (every other lr of :data:`LRS`) of :data:`CORE_METHODS`, both optimizers: run first."""
+def core_grid(methods=CORE_METHODS) -> dict:
+    """The decade points (every other lr of :data:`LRS`) of ``methods``, both optimizers: run first."""
     runs = [{"name": point_name(m, opt, lr), **METHODS[m], "optim.optimizer": opt, "optim.lr": lr}
-            for opt, lrs in LRS.items() for lr in lrs[::2] for m in CORE_METHODS]
-    return {"description": "lr sensitivity: decade points of grpo-const and oblr-snr (issue 18)",
+            for opt, lrs in LRS.items() for lr in lrs[::2] for m in methods]
+    return {"description": f"lr sensitivity: decade points of {' and '.join(methods)} (issue 18)",
             "seeds": list(SEEDS), "base": BASE, "runs": runs}
 
 
 def write_grids(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, g in [(m, grid(m)) for m in METHODS] + [("core", core_grid())]:
+    for name, g in [(m, grid(m)) for m in METHODS] + [("core", core_grid()), ("auto-core", core_grid(("oblr-auto",)))]:
         p = out / f"grid-{name}.yaml"
         p.write_text(yaml.safe_dump(g, sort_keys=False), encoding="utf-8")
         paths.append(p)

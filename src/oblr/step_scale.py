@@ -22,7 +22,9 @@ the registry :data:`NOISE_GAINS` (keyed by the optimizer's class name): SGD ``j 
 ``j = (1-b1)/(1-b1^k) sum_i g_i^2 / (sqrt(vhat_i)+eps) / |g|^2`` (noise assumed spread over coordinates
 like the gradient's energy: an approximation). For SGD, ``d/h = (1/L_u) S/(S+V/N)`` with
 ``L_u = g^T H g / |g|^2`` -- the paper's rule with its scale measured along the noisy gradient.
-d and h are averaged over steps (EMA, ratio of averages); the first step is a small probe, then the lr
+d is averaged over steps (EMA of A/eta); h is the eta^2-weighted least-squares fit of A + B = eta^2 h over
+the same window (EMA of A + B over EMA of eta^2), so steps too small to resolve the curvature (the noise
+of A + B is of order eta, the signal eta^2 h) weigh little; the first step is a small probe, then the lr
 moves towards ``d/h`` by at most a factor ``max_change`` per step. Cost: two parameter-sized buffers (previous parameters and gradient) and
 a few fused passes over them per step; no extra forward or backward. docs/algorithm.md has the derivation.
 """
@@ -62,6 +64,23 @@ def sgd_kappa(lr: float, clip_factor: float, V: float, n: int, gain: float = 1.0
     """``kappa = -lr * c * gain * V / n``: the expected <xi, delta> of a step delta = -lr c P g with
     ``gain = tr(P Sigma)/tr(Sigma)`` (1 for SGD)."""
     return -lr * clip_factor * gain * V / n
+
+
+def average_line_terms(avgs: tuple[float, float, float], d: float, h: float, lr: float, beta: float):
+    """One EMA update of ``(d_avg, y_avg, q_avg)`` with a step's ``d``, ``h`` measured at ``lr``: ``d`` is
+    averaged as it is (the noise of ``A`` is of order ``lr``, so ``A/lr`` has the same noise at any lr);
+    ``h`` enters as ``y = h lr^2 = A + B`` against ``q = lr^2`` -- the lr^2-weighted least-squares fit of
+    ``A + B = lr^2 h + noise`` (noise of order ``lr``), so a step too small to resolve the curvature weighs
+    little (a plain average of ``h`` is dominated by them: attempt 2 in docs/algorithm.md)."""
+    d_avg, y_avg, q_avg = avgs
+    return (beta * d_avg + (1 - beta) * d, beta * y_avg + (1 - beta) * h * lr**2, beta * q_avg + (1 - beta) * lr**2)
+
+
+def line_estimates(avgs: tuple[float, float, float], n: int, beta: float) -> tuple[float, float]:
+    """``(d_bar, h_bar)`` from the averages after ``n`` updates: the bias-corrected ``d_avg``, and
+    ``y_avg / q_avg`` (the bias corrections cancel)."""
+    d_avg, y_avg, q_avg = avgs
+    return d_avg / (1 - beta**n), (y_avg / q_avg if q_avg > 0 else 0.0)
 
 
 def target_lr(d: float, h: float, lr: float, max_change: float) -> float:
@@ -129,7 +148,7 @@ class AutoStepSchedule:
         self.warmup_steps, self.max_change = int(warmup_steps), float(max_change)
         self.t = 0
         self.prev: dict | None = None  # theta, g (lists), lr, clip factor, V, n, |g|^2 of the last step
-        self.d_avg = self.h_avg = 0.0
+        self.d_avg = self.y_avg = self.q_avg = 0.0
         self.n_avg = 0
         self.last: dict = {}
         self._set(self.lr)
@@ -153,13 +172,12 @@ class AutoStepSchedule:
         if not (math.isfinite(d) and math.isfinite(h)):
             return
         self.n_avg += 1
-        beta = self.ema
-        self.d_avg = beta * self.d_avg + (1 - beta) * d
-        self.h_avg = beta * self.h_avg + (1 - beta) * h
-        corr = 1 - beta**self.n_avg
-        self.last = {"auto/d": d, "auto/h": h, "auto/d_avg": self.d_avg / corr, "auto/h_avg": self.h_avg / corr,
+        self.d_avg, self.y_avg, self.q_avg = average_line_terms((self.d_avg, self.y_avg, self.q_avg), d, h, p["lr"],
+                                                                self.ema)
+        d_bar, h_bar = line_estimates((self.d_avg, self.y_avg, self.q_avg), self.n_avg, self.ema)
+        self.last = {"auto/d": d, "auto/h": h, "auto/d_avg": d_bar, "auto/h_avg": h_bar,
                      "auto/curvature": (a_raw + kappa + b) / dd, "auto/kappa_share": -kappa / a_raw if a_raw else 0.0}
-        self.lr = target_lr(self.d_avg / corr, self.h_avg / corr, self.lr, self.max_change)
+        self.lr = target_lr(d_bar, h_bar, self.lr, self.max_change)
 
     def step(self, stats: SNRStats | None = None) -> None:
         if stats is None:
@@ -186,8 +204,8 @@ class AutoStepSchedule:
             m.update(self.stats.metrics())
         return m
 
-    _STATE = ("lr", "eta_min", "ema", "grad_clip", "warmup_steps", "max_change", "t", "prev", "d_avg", "h_avg",
-              "n_avg", "last", "_applied")
+    _STATE = ("lr", "eta_min", "ema", "grad_clip", "warmup_steps", "max_change", "t", "prev", "d_avg", "y_avg",
+              "q_avg", "n_avg", "last", "_applied")
 
     def state_dict(self) -> dict:
         return {k: getattr(self, k) for k in self._STATE}

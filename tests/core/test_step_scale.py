@@ -128,3 +128,31 @@ def test_state_dict_round_trip_continues_the_same_lrs(opt_cls):
     ctl2.load_state_dict(ctl.state_dict())
     assert opt2.param_groups[0]["lr"] == ctl.get_last_lr()[0]
     assert drive(q, opt2, ctl2, range(5, 10)) == drive(p, opt, ctl, range(5, 10))
+
+
+def test_curvature_average_is_weighted_by_the_step_size():
+    """Steps of very different size (a 1e-4 probe-like step every other step, 0.02 otherwise) on a noisy
+    quadratic: the lr^2-weighted fit of A + B = lr^2 h recovers L, while the plain average of the per-step
+    h = (A + B)/lr^2 is swamped by the small steps' noise (its spread scales as 1/lr)."""
+    from oblr.step_scale import average_line_terms, line_estimates
+
+    L, D, sigma, n, beta = 4.0, 50, 0.3, 8, 0.999
+    gen = torch.Generator().manual_seed(3)
+    theta = torch.randn(D, generator=gen, dtype=torch.float64)
+    avgs, plain = (0.0, 0.0, 0.0), []
+    for t in range(3000):
+        lr = 1e-4 if t % 2 else 0.02
+        g_prev = L * theta + sigma * torch.randn(D, generator=gen, dtype=torch.float64)
+        delta = -lr * g_prev
+        theta_new = theta + delta
+        g_now = L * theta_new + sigma * torch.randn(D, generator=gen, dtype=torch.float64)
+        a_raw, b, dd = line_terms([g_prev], [g_now], [delta])
+        d, h = descent_and_curvature(a_raw, b, sgd_kappa(lr, 1.0, V=n * D * sigma**2, n=n), lr)
+        # curvature along delta is L here, so h = L |g_prev|^2 in these units; normalise to L
+        avgs = average_line_terms(avgs, d / float(g_prev @ g_prev), h / float(g_prev @ g_prev), lr, beta)
+        plain.append(h / float(g_prev @ g_prev))
+        theta = theta_new if float(theta_new.norm()) > 0.5 else torch.randn(D, generator=gen, dtype=torch.float64)
+    _, h_bar = line_estimates(avgs, 3000, beta)
+    assert h_bar == pytest.approx(L, rel=0.1)
+    assert abs(sum(plain) / len(plain) - L) > 5 * abs(h_bar - L)
+    assert line_estimates((1.0, 0.0, 0.0), 1, 0.5) == (2.0, 0.0)  # nothing measured yet: no curvature
