@@ -37,12 +37,14 @@ def _fake_run(root: Path, method: str, opt: str, lr: float, seed: int, final: fl
 def test_grids_are_valid_oblr_compare_grids_with_the_sweep_names(tmp_path):
     paths = lrs.write_grids(tmp_path)
     assert [p.name for p in paths] == ["grid-grpo-const.yaml", "grid-oblr-snr.yaml", "grid-oblr-auto.yaml",
-                                       "grid-core.yaml"]
+                                       "grid-core.yaml", "grid-auto-core.yaml"]
+    decades = [("adamw", 1e-5), ("adamw", 1e-4), ("adamw", 1e-3), ("adamw", 1e-2), ("sgd", 0.01), ("sgd", 0.1),
+               ("sgd", 1.0), ("sgd", 10.0)]
     core = plan_grid(load_grid(paths[3]), tmp_path / "out")  # decade points of both methods, both optimizers
     assert {p.variant for p in core} == {lrs.point_name(m, o, lr) for m in ("grpo-const", "oblr-snr")
-                                         for o, lr in [("adamw", 1e-5), ("adamw", 1e-4), ("adamw", 1e-3),
-                                                       ("adamw", 1e-2), ("sgd", 0.01), ("sgd", 0.1), ("sgd", 1.0),
-                                                       ("sgd", 10.0)]}
+                                         for o, lr in decades}
+    auto_core = plan_grid(load_grid(paths[4]), tmp_path / "out")
+    assert {p.variant for p in auto_core} == {lrs.point_name("oblr-auto", o, lr) for o, lr in decades}
     plan = plan_grid(load_grid(paths[0]), tmp_path / "out")  # validates every config
     assert len(plan) == 14 * 3
     names = {p.variant for p in plan}
