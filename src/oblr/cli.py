@@ -180,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"oblr: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # the machine, not the input: a full disk, a read-only or vanished folder, a quota
+        if os.environ.get("OBLR_DEBUG"):
+            raise
+        where = f" ({e.filename})" if e.filename and str(e.filename) not in str(e) else ""
+        print(f"oblr: error: {e}{where} (OBLR_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM during a run (oblr.train.interrupts.Terminated)
         terminated = type(e).__name__ == "Terminated"
         print(f"oblr: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)

@@ -132,3 +132,23 @@ def test_nproc_runs_torchrun_with_the_same_arguments(monkeypatch, tmp_path):
     args = build_parser().parse_args(["train", "--nproc", "1", "--plugin", PLUGIN])
     cmd, overrides = torchrun_command(args, [])
     assert cmd[5:] == ["1", "-m", "oblr.cli", "train", "--plugin", PLUGIN] and overrides == []
+
+
+def test_an_os_error_is_one_line_naming_the_file(monkeypatch, capsys):
+    """A fault of the machine (a full disk while the built-in model is written, a vanished folder) ends in
+    one line with exit status 1, not a traceback; OBLR_DEBUG=1 gives the traceback."""
+    import errno
+
+    import oblr.cli as cli
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "/cache/model.safetensors")
+
+    monkeypatch.setattr(cli, "_cmd_tasks", full)
+    assert cli.main(["tasks"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["oblr: error: [Errno 28] No space left on device: '/cache/model.safetensors' "
+                   "(OBLR_DEBUG=1 shows the traceback)"]
+    monkeypatch.setenv("OBLR_DEBUG", "1")
+    with pytest.raises(OSError):
+        cli.main(["tasks"])

@@ -47,36 +47,3 @@ def test_rng_state_roundtrip():
     ckpt.set_rng_state(s)
     assert torch.equal(a, torch.rand(3))
 
-
-def test_writer_errors_become_the_os_error_behind_them():
-    """A full disk reaches the trainer as an OSError whichever library was writing: torch's zip writer
-    (RuntimeError over the OSError), safetensors' Rust writer (errno in the message), a rank's failure
-    inside torch.distributed.checkpoint; other errors pass unchanged."""
-    import errno
-
-    def over(inner, outer):
-        try:
-            try:
-                raise inner
-            except BaseException:
-                raise outer  # noqa: B904 (the implicit context is what torch produces)
-        except BaseException as e:
-            return e
-
-    zip_err = over(OSError(errno.ENOSPC, "No space left on device"), RuntimeError("unexpected pos 8576 vs 8470"))
-    assert ckpt.os_error_of(zip_err).errno == errno.ENOSPC
-    rust = Exception("Error while serializing: I/O error: No space left on device (os error 28)")
-    assert ckpt.os_error_of(rust).errno == errno.ENOSPC
-
-    class CheckpointException(BaseException):  # the shape of torch.distributed.checkpoint's
-        failures = {1: (OSError(errno.EROFS, "Read-only file system"), "traceback")}
-
-    assert ckpt.os_error_of(CheckpointException()).errno == errno.EROFS
-    assert ckpt.os_error_of(RuntimeError("shape mismatch")) is None
-    with pytest.raises(OSError, match="No space left") as info:
-        with ckpt.writes_as_os_errors():
-            raise rust
-    assert info.value.__cause__ is rust
-    with pytest.raises(ValueError):
-        with ckpt.writes_as_os_errors():
-            raise ValueError("not a write")

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from oblr.disk_errors import writes_as_os_errors
+
 METADATA_FILE = "oblr_builtin.json"
 N_TRAIN = 20000  # arithmetic train problems the SFT draws from
 N_MEASURE = 200  # held-out problems the accuracy in the metadata is measured on
@@ -249,8 +251,9 @@ def _build(out_dir, *, seed, sft_steps, batch_size, lr, digit_noise, n_train, n_
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        with writes_as_os_errors():  # a full disk is an OSError (one line from the CLI), whichever library writes
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
         meta["build_seconds"] = round(time.time() - t0, 1)
         with open(tmp / METADATA_FILE, "w") as f:  # written last: its presence marks a complete build
             json.dump(meta, f, indent=2)

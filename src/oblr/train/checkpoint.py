@@ -20,17 +20,17 @@ works.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from oblr.disk_errors import writes_as_os_errors
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "MANIFEST.json"
@@ -177,44 +177,6 @@ def write_state(folder: Path, step: int, state: dict) -> None:
     with writes_as_os_errors():
         with open(Path(folder) / STATE_FILE, "wb") as f:
             torch.save({**state, "step": step, "rng": state.get("rng") or rng_state()}, f)
-
-
-def os_error_of(e: BaseException) -> OSError | None:
-    """The operating-system error behind an exception raised by a file writer, or None if there is none:
-    ``e`` itself, one in its cause/context chain (torch's zip writer raises a RuntimeError over it), one a
-    rank reported to torch.distributed.checkpoint (``CheckpointException.failures``), or the ``os error N``
-    / ``[Errno N]`` that safetensors' Rust writer puts in its message."""
-    seen, todo = set(), [e]
-    while todo:
-        x = todo.pop(0)
-        if x is None or id(x) in seen:
-            continue
-        seen.add(id(x))
-        if isinstance(x, OSError):
-            return x
-        todo += [x.__cause__, x.__context__]
-        for f in (getattr(x, "failures", None) or {}).values():
-            todo.append(f[0] if isinstance(f, tuple) else f)
-        m = re.search(r"os error (\d+)\)|\[Errno (\d+)\]", str(x))
-        if m:
-            code = int(m.group(1) or m.group(2))
-            return OSError(code, os.strerror(code))
-    return None
-
-
-@contextlib.contextmanager
-def writes_as_os_errors():
-    """Re-raise a failed write (a full disk, a folder made read-only) as the ``OSError`` behind it, so the
-    trainer reports it in one line whichever library was writing; anything else passes unchanged."""
-    try:
-        yield
-    except OSError:
-        raise
-    except BaseException as e:
-        err = os_error_of(e)
-        if err is None:
-            raise
-        raise err from e
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dict, *, keep: int = 2) -> Path:

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from oblr.config import Config, ConfigError, save_config
+from oblr.disk_errors import writes_as_os_errors
 from oblr.distributed import (
     all_gather_cat,
     all_gather_objects,
@@ -366,13 +367,13 @@ class Trainer:
         gathered from all ranks -- and commits the folder (manifest, rename, LATEST, pruning)."""
         main = self.dist.is_main
         tmp = Path(broadcast_object(str(ckpt.begin_checkpoint(self.run_dir, step)) if main else None))
-        with ckpt.writes_as_os_errors():
+        with writes_as_os_errors():
             save_sharded(tmp / SHARDED_DIR, self.model, self.optimizer)
         full = full_model_state(self.model) if step == self.cfg.train.steps else None  # collective
         if not main:
             return
         try:
-            with ckpt.writes_as_os_errors():
+            with writes_as_os_errors():
                 if full is not None:
                     self.model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
                 else:
