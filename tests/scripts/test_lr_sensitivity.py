@@ -79,3 +79,31 @@ def test_report_on_nothing_is_a_clear_error(tmp_path):
         lrs.main(["report", str(tmp_path), "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit, match="does not exist"):
         lrs.main(["report", str(tmp_path / "nope")])
+
+
+def test_report_goes_into_the_results_doc_once_and_make_results_doc_keeps_it(tmp_path, capsys):
+    """--results-doc puts the generated tables and plot into docs/results.md between markers (before its
+    Reading), a second report replaces them instead of adding a copy, and scripts/make_results_doc.py,
+    which rewrites the rest of results.md from the grid, keeps the section."""
+    root, docs = tmp_path / "sweep", tmp_path / "docs"
+    docs.mkdir()
+    doc = docs / "results.md"
+    doc.write_text("# Results (generated)\n\ntable\n\n## Reading\n\nprose\n")
+    _fake_run(root, "grpo-const", "adamw", 1e-4, 0, 0.40)
+    args = ["report", str(root), "--out", str(docs / "results"), "--results-doc", str(doc)]
+    assert lrs.main(args) == 0
+    first = doc.read_text()
+    assert first.count(lrs.BEGIN) == 1 and first.index(lrs.END) < first.index("## Reading")
+    assert "![lr sensitivity](results/lr_sensitivity.png)" in first and "| 0.0001 | 40.0 (1) |" in first
+    assert first.startswith("# Results (generated)\n\ntable\n") and first.endswith("## Reading\n\nprose\n")
+    _fake_run(root, "grpo-const", "adamw", 1e-4, 1, 0.50)
+    assert lrs.main(args) == 0
+    second = doc.read_text()
+    assert second.count(lrs.BEGIN) == 1 and "45.0 ± 7.1 (2)" in second and "40.0 (1)" not in second
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import make_results_doc
+
+    assert make_results_doc._lr_sensitivity_section(doc) == second[second.index(lrs.BEGIN):
+                                                                   second.index(lrs.END) + len(lrs.END)]
+    assert (make_results_doc.LR_BEGIN, make_results_doc.LR_END) == (lrs.BEGIN, lrs.END)
