@@ -12,7 +12,8 @@ only each run's ``config.yaml`` and ``summary.json`` (a few kB). A finished run 
 repository, and ``oblr compare`` with the same grid reuses it (config.yaml + summary.json = finished) and
 runs only what is missing; checkpoints and metrics stay local. ``grid-core.yaml`` holds the decade points
 (AdamW 1e-5..1e-2, SGD 0.01..10) of ``grpo-const`` and ``oblr-snr``, so that the comparison the issue asks
-for exists before the half-decade points fill it in; ``grid-auto-core.yaml`` the same points of ``oblr-auto``.
+for exists before the half-decade points fill it in; ``grid-auto-core.yaml`` the same points of ``oblr-auto``; ``grid-window.yaml``
+half-decade points at the edges of the windows the decade points show.
 
 ``grids`` writes one ``oblr compare`` grid per method (``grpo-const``: GRPO baseline, constant rate;
 ``oblr-snr``: OBLR-PO, the SNR rule with eta_max = lr; ``oblr-auto``: OBLR-PO with the measured step
@@ -79,10 +80,25 @@ def core_grid(methods=CORE_METHODS) -> dict:
             "seeds": list(SEEDS), "base": BASE, "runs": runs}
 
 
+#: half-decade points at the edges of the working windows seen on the decade points, most telling first
+WINDOW_POINTS = [("grpo-const", "adamw", 3e-4), ("oblr-snr", "adamw", 3e-3), ("grpo-const", "sgd", 0.3),
+                 ("oblr-snr", "sgd", 3.0), ("grpo-const", "adamw", 3e-5), ("oblr-snr", "adamw", 3e-4),
+                 ("oblr-snr", "sgd", 0.3)]
+
+
+def window_grid() -> dict:
+    """:data:`WINDOW_POINTS` (a subset of the half-decade grids, same folder names): run after the core."""
+    runs = [{"name": point_name(m, opt, lr), **METHODS[m], "optim.optimizer": opt, "optim.lr": lr}
+            for m, opt, lr in WINDOW_POINTS]
+    return {"description": "lr sensitivity: half-decade points at the window edges (issue 18)",
+            "seeds": list(SEEDS), "base": BASE, "runs": runs}
+
+
 def write_grids(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, g in [(m, grid(m)) for m in METHODS] + [("core", core_grid()), ("auto-core", core_grid(("oblr-auto",)))]:
+    for name, g in [(m, grid(m)) for m in METHODS] + [("core", core_grid()), ("auto-core", core_grid(("oblr-auto",))),
+                                                         ("window", window_grid())]:
         p = out / f"grid-{name}.yaml"
         p.write_text(yaml.safe_dump(g, sort_keys=False), encoding="utf-8")
         paths.append(p)

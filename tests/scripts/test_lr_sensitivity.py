@@ -37,7 +37,7 @@ def _fake_run(root: Path, method: str, opt: str, lr: float, seed: int, final: fl
 def test_grids_are_valid_oblr_compare_grids_with_the_sweep_names(tmp_path):
     paths = lrs.write_grids(tmp_path)
     assert [p.name for p in paths] == ["grid-grpo-const.yaml", "grid-oblr-snr.yaml", "grid-oblr-auto.yaml",
-                                       "grid-core.yaml", "grid-auto-core.yaml"]
+                                       "grid-core.yaml", "grid-auto-core.yaml", "grid-window.yaml"]
     decades = [("adamw", 1e-5), ("adamw", 1e-4), ("adamw", 1e-3), ("adamw", 1e-2), ("sgd", 0.01), ("sgd", 0.1),
                ("sgd", 1.0), ("sgd", 10.0)]
     core = plan_grid(load_grid(paths[3]), tmp_path / "out")  # decade points of both methods, both optimizers
@@ -45,6 +45,10 @@ def test_grids_are_valid_oblr_compare_grids_with_the_sweep_names(tmp_path):
                                          for o, lr in decades}
     auto_core = plan_grid(load_grid(paths[4]), tmp_path / "out")
     assert {p.variant for p in auto_core} == {lrs.point_name("oblr-auto", o, lr) for o, lr in decades}
+    window = plan_grid(load_grid(paths[5]), tmp_path / "out")  # a subset of the half-decade grids' folders
+    half = {p.variant for m in ("grpo-const", "oblr-snr") for p in plan_grid(load_grid(paths[list(lrs.METHODS).index(m)]),
+                                                                              tmp_path / "out")}
+    assert {p.variant for p in window} <= half and len(window) == 3 * len(lrs.WINDOW_POINTS)
     plan = plan_grid(load_grid(paths[0]), tmp_path / "out")  # validates every config
     assert len(plan) == 14 * 3
     names = {p.variant for p in plan}
