@@ -24,8 +24,10 @@ like the gradient's energy: an approximation). For SGD, ``d/h = (1/L_u) S/(S+V/N
 ``L_u = g^T H g / |g|^2`` -- the paper's rule with its scale measured along the noisy gradient.
 d is averaged over steps (EMA of A/eta); h is the eta^2-weighted least-squares fit of A + B = eta^2 h over
 the same window (EMA of A + B over EMA of eta^2), so steps too small to resolve the curvature (the noise
-of A + B is of order eta, the signal eta^2 h) weigh little; the first step is a small probe, then the lr
-moves towards ``d/h`` by at most a factor ``max_change`` per step. Cost: two parameter-sized buffers (previous parameters and gradient) and
+of A + B is of order eta, the signal eta^2 h) weigh little; the lr aims at the cautious ratio
+``(d - se_d) / (h + se_h)`` (``confidence`` standard errors, 1 by default, from the averages' own spread);
+steps with a zero gradient (no reward variance in any group) are not measured. The first step is a small
+probe, then the lr moves towards the target by at most a factor ``max_change`` per step. Cost: two parameter-sized buffers (previous parameters and gradient) and
 a few fused passes over them per step; no extra forward or backward. docs/algorithm.md has the derivation.
 """
 
@@ -66,21 +68,51 @@ def sgd_kappa(lr: float, clip_factor: float, V: float, n: int, gain: float = 1.0
     return -lr * clip_factor * gain * V / n
 
 
-def average_line_terms(avgs: tuple[float, float, float], d: float, h: float, lr: float, beta: float):
-    """One EMA update of ``(d_avg, y_avg, q_avg)`` with a step's ``d``, ``h`` measured at ``lr``: ``d`` is
+#: the running averages before any measurement: (d, y = h lr^2, q = lr^2, d^2, y^2)
+EMPTY_AVERAGES = (0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def average_line_terms(avgs: tuple, d: float, h: float, lr: float, beta: float) -> tuple:
+    """One EMA update of ``(d, y, q, d^2, y^2)`` with a step's ``d``, ``h`` measured at ``lr``: ``d`` is
     averaged as it is (the noise of ``A`` is of order ``lr``, so ``A/lr`` has the same noise at any lr);
     ``h`` enters as ``y = h lr^2 = A + B`` against ``q = lr^2`` -- the lr^2-weighted least-squares fit of
     ``A + B = lr^2 h + noise`` (noise of order ``lr``), so a step too small to resolve the curvature weighs
-    little (a plain average of ``h`` is dominated by them: attempt 2 in docs/algorithm.md)."""
-    d_avg, y_avg, q_avg = avgs
-    return (beta * d_avg + (1 - beta) * d, beta * y_avg + (1 - beta) * h * lr**2, beta * q_avg + (1 - beta) * lr**2)
+    little (a plain average of ``h`` is dominated by them: attempt 2 in docs/algorithm.md). The squares give
+    the spread of ``d`` and ``y`` for the confidence bounds of :func:`line_estimates`."""
+    y = h * lr**2
+    new = (d, y, lr**2, d * d, y * y)
+    return tuple(beta * a + (1 - beta) * x for a, x in zip(avgs, new))
 
 
-def line_estimates(avgs: tuple[float, float, float], n: int, beta: float) -> tuple[float, float]:
-    """``(d_bar, h_bar)`` from the averages after ``n`` updates: the bias-corrected ``d_avg``, and
-    ``y_avg / q_avg`` (the bias corrections cancel)."""
-    d_avg, y_avg, q_avg = avgs
-    return d_avg / (1 - beta**n), (y_avg / q_avg if q_avg > 0 else 0.0)
+def effective_count(n: int, beta: float) -> float:
+    """The number of equally weighted measurements a bias-corrected EMA of ``n`` measurements is worth:
+    ``1 / sum w_i^2`` with ``w_i = (1-beta) beta^(n-i) / (1-beta^n)`` (``n`` for beta = 0 ... ``n`` small;
+    ``(1+beta)/(1-beta)`` as n grows)."""
+    if n <= 0:
+        return 0.0
+    if beta == 0.0:
+        return 1.0
+    sum_w2 = (1 - beta) ** 2 * (1 - beta ** (2 * n)) / ((1 - beta**2) * (1 - beta**n) ** 2)
+    return 1.0 / sum_w2
+
+
+def line_estimates(avgs: tuple, n: int, beta: float, z: float = 0.0) -> tuple[float, float]:
+    """``(d, h)`` from the averages after ``n`` updates: ``z = 0`` gives the point estimates (the
+    bias-corrected mean of ``d``; ``h = mean(y) / mean(q)``, the bias corrections cancel); ``z > 0`` gives
+    the cautious ends of their confidence intervals, ``d - z se(d)`` and ``(mean(y) + z se(y)) / mean(q)``
+    with ``se = spread / sqrt(effective_count)``: a step that is long only because the averages are noisy
+    is not taken."""
+    if n <= 0:
+        return 0.0, 0.0
+    corr = 1 - beta**n
+    d, y, q, d2, y2 = (a / corr for a in avgs)
+    if q <= 0:
+        return d, 0.0
+    if z > 0:
+        m = effective_count(n, beta)
+        d -= z * math.sqrt(max(d2 - d * d, 0.0) / m)
+        y += z * math.sqrt(max(y2 - y * y, 0.0) / m)
+    return d, y / q
 
 
 def target_lr(d: float, h: float, lr: float, max_change: float) -> float:
@@ -136,19 +168,20 @@ class AutoStepSchedule:
     needs_snr = True
 
     def __init__(self, optimizer, *, lr, eta_min=0.0, warmup_steps=0, total_steps=1, ema=0.0, grad_clip=0.0,
-                 max_change: float = 1.1, scale_ema: float = 0.98, probe: float = 0.01):
+                 max_change: float = 1.1, scale_ema: float = 0.98, probe: float = 0.01, confidence: float = 1.0):
         name = type(optimizer).__name__
         self.gain = NOISE_GAINS.get(name)
         self.optimizer = optimizer
         self.params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-        if not (0.0 <= scale_ema < 1.0 and max_change >= 1.0 and 0 < probe <= 1):
-            raise ValueError(f"auto schedule: need 0 <= scale_ema < 1, max_change >= 1, 0 < probe <= 1; got "
-                             f"{scale_ema}, {max_change}, {probe}")
+        if not (0.0 <= scale_ema < 1.0 and max_change >= 1.0 and 0 < probe <= 1 and confidence >= 0):
+            raise ValueError(f"auto schedule: need 0 <= scale_ema < 1, max_change >= 1, 0 < probe <= 1, "
+                             f"confidence >= 0; got {scale_ema}, {max_change}, {probe}, {confidence}")
+        self.confidence = float(confidence)
         self.lr, self.eta_min, self.ema, self.grad_clip = float(lr) * probe, float(eta_min), float(scale_ema), float(grad_clip)
         self.warmup_steps, self.max_change = int(warmup_steps), float(max_change)
         self.t = 0
         self.prev: dict | None = None  # theta, g (lists), lr, clip factor, V, n, |g|^2 of the last step
-        self.d_avg = self.y_avg = self.q_avg = 0.0
+        self.avgs = EMPTY_AVERAGES
         self.n_avg = 0
         self.last: dict = {}
         self._set(self.lr)
@@ -164,7 +197,10 @@ class AutoStepSchedule:
         with torch.no_grad():
             delta = torch._foreach_sub([q.detach() for q in self.params], p["theta"])
             a_raw, b, dd = line_terms(p["g"], g_now, delta)
-        if dd <= 0 or p["lr"] <= 0:
+        if dd <= 0 or p["lr"] <= 0 or p["g_sq"] <= 0 or not any(bool(g.any()) for g in g_now):
+            # nothing to learn from: no step, or a zero gradient (every group's rewards equal, e.g. a
+            # collapsed policy): the lr is kept, not grown on averages that only decay
+            self.last = {**self.last, "auto/skipped": 1.0}
             return
         gain = self.gain(self.optimizer, self.params, p["g"], p["g_sq"])
         kappa = sgd_kappa(p["lr"], p["clip"], p["V"], p["n"], gain)
@@ -172,12 +208,13 @@ class AutoStepSchedule:
         if not (math.isfinite(d) and math.isfinite(h)):
             return
         self.n_avg += 1
-        self.d_avg, self.y_avg, self.q_avg = average_line_terms((self.d_avg, self.y_avg, self.q_avg), d, h, p["lr"],
-                                                                self.ema)
-        d_bar, h_bar = line_estimates((self.d_avg, self.y_avg, self.q_avg), self.n_avg, self.ema)
-        self.last = {"auto/d": d, "auto/h": h, "auto/d_avg": d_bar, "auto/h_avg": h_bar,
+        self.avgs = average_line_terms(self.avgs, d, h, p["lr"], self.ema)
+        d_bar, h_bar = line_estimates(self.avgs, self.n_avg, self.ema)
+        d_lo, h_hi = line_estimates(self.avgs, self.n_avg, self.ema, z=self.confidence)
+        self.last = {"auto/d": d, "auto/h": h, "auto/d_avg": d_bar, "auto/h_avg": h_bar, "auto/d_low": d_lo,
+                     "auto/h_high": h_hi, "auto/skipped": 0.0,
                      "auto/curvature": (a_raw + kappa + b) / dd, "auto/kappa_share": -kappa / a_raw if a_raw else 0.0}
-        self.lr = target_lr(d_bar, h_bar, self.lr, self.max_change)
+        self.lr = target_lr(d_lo, h_hi, self.lr, self.max_change)
 
     def step(self, stats: SNRStats | None = None) -> None:
         if stats is None:
@@ -204,8 +241,8 @@ class AutoStepSchedule:
             m.update(self.stats.metrics())
         return m
 
-    _STATE = ("lr", "eta_min", "ema", "grad_clip", "warmup_steps", "max_change", "t", "prev", "d_avg", "y_avg",
-              "q_avg", "n_avg", "last", "_applied")
+    _STATE = ("lr", "eta_min", "ema", "grad_clip", "warmup_steps", "max_change", "t", "prev", "avgs", "confidence",
+              "n_avg", "last", "_applied")
 
     def state_dict(self) -> dict:
         return {k: getattr(self, k) for k in self._STATE}

@@ -134,12 +134,12 @@ def test_curvature_average_is_weighted_by_the_step_size():
     """Steps of very different size (a 1e-4 probe-like step every other step, 0.02 otherwise) on a noisy
     quadratic: the lr^2-weighted fit of A + B = lr^2 h recovers L, while the plain average of the per-step
     h = (A + B)/lr^2 is swamped by the small steps' noise (its spread scales as 1/lr)."""
-    from oblr.step_scale import average_line_terms, line_estimates
+    from oblr.step_scale import EMPTY_AVERAGES, average_line_terms, line_estimates
 
     L, D, sigma, n, beta = 4.0, 50, 0.3, 8, 0.999
     gen = torch.Generator().manual_seed(3)
     theta = torch.randn(D, generator=gen, dtype=torch.float64)
-    avgs, plain = (0.0, 0.0, 0.0), []
+    avgs, plain = EMPTY_AVERAGES, []
     for t in range(3000):
         lr = 1e-4 if t % 2 else 0.02
         g_prev = L * theta + sigma * torch.randn(D, generator=gen, dtype=torch.float64)
@@ -155,4 +155,52 @@ def test_curvature_average_is_weighted_by_the_step_size():
     _, h_bar = line_estimates(avgs, 3000, beta)
     assert h_bar == pytest.approx(L, rel=0.1)
     assert abs(sum(plain) / len(plain) - L) > 5 * abs(h_bar - L)
-    assert line_estimates((1.0, 0.0, 0.0), 1, 0.5) == (2.0, 0.0)  # nothing measured yet: no curvature
+    assert line_estimates(EMPTY_AVERAGES, 0, 0.5) == (0.0, 0.0)  # nothing measured yet
+
+
+def test_effective_count_and_confidence_bounds():
+    """The EMA's effective count is 1/sum w^2 of its bias-corrected weights (checked by summing them); the
+    bounds equal the point estimates for constant measurements and move d down, h up by z standard errors
+    (from the spread of the measurements) otherwise."""
+    from oblr.step_scale import EMPTY_AVERAGES, average_line_terms, effective_count, line_estimates
+
+    for beta, n in [(0.0, 5), (0.5, 1), (0.9, 7), (0.98, 400)]:
+        w = [(1 - beta) * beta ** (n - i) / (1 - beta**n) for i in range(1, n + 1)]
+        assert effective_count(n, beta) == pytest.approx(1 / sum(x * x for x in w), rel=1e-9)
+    assert effective_count(10_000, 0.98) == pytest.approx(1.98 / 0.02, rel=1e-6)
+    avgs = EMPTY_AVERAGES
+    for _ in range(30):
+        avgs = average_line_terms(avgs, 2.0, 8.0, 0.1, 0.9)
+    assert line_estimates(avgs, 30, 0.9, z=1.0) == pytest.approx((2.0, 8.0))
+    assert line_estimates(avgs, 30, 0.9) == pytest.approx((2.0, 8.0))
+    n = 0
+    ds, hs = [1.0, 3.0, 2.0, 2.0], [6.0, 10.0, 8.0, 8.0]  # means 2 and 8 at lr 1; spreads sqrt(0.5), sqrt(2)
+    avgs = EMPTY_AVERAGES
+    beta = 0.5
+    for d, h in zip(ds, hs):
+        avgs = average_line_terms(avgs, d, h, 1.0, beta)
+        n += 1
+    w = [(1 - beta) * beta ** (n - i) / (1 - beta**n) for i in range(1, n + 1)]
+    mean_d, mean_h = sum(a * b for a, b in zip(w, ds)), sum(a * b for a, b in zip(w, hs))
+    var_d = sum(a * (b - mean_d) ** 2 for a, b in zip(w, ds))
+    var_h = sum(a * (b - mean_h) ** 2 for a, b in zip(w, hs))
+    m = 1 / sum(x * x for x in w)
+    lo, hi = line_estimates(avgs, n, beta, z=2.0)
+    assert lo == pytest.approx(mean_d - 2 * math.sqrt(var_d / m)) and hi == pytest.approx(mean_h + 2 * math.sqrt(var_h / m))
+
+
+def test_a_zero_gradient_is_not_measured_and_keeps_the_lr():
+    """After a step, a zero gradient (every group's rewards equal: nothing to learn from) must neither
+    count as a measurement nor move the lr (attempt 3 grew the lr of a collapsed run on decaying averages)."""
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    opt = torch.optim.AdamW([p], lr=0.01)
+    ctl = make_lr_controller("auto", opt, lr=0.01, probe=1.0)
+    p.grad = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    ctl.step(_stats(0.1, 4))
+    opt.step()
+    lr = ctl.get_last_lr()[0]
+    for _ in range(3):
+        p.grad = torch.zeros(2, dtype=torch.float64)
+        ctl.step(_stats(0.0, 4))
+        opt.step()  # Adam's momentum still moves the parameters
+        assert ctl.get_last_lr()[0] == lr and ctl.n_avg == 0 and ctl.last["auto/skipped"] == 1.0
