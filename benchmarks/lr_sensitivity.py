@@ -21,6 +21,13 @@ scale, lr = its initial guess), each over AdamW lr 1e-5..1e-2 and SGD lr 0.01..1
 seeds 0, 1, 2, on the default built-in run (200 steps, evaluation every 50 steps). Run folders are
 ``OUT/<method>-<optimizer>-lr<lr>/seed<k>/``.
 
+Where the committed runs are: ``benchmarks/results/lr-sweep/`` (grpo-const and oblr-snr: grid-core and
+grid-window), ``benchmarks/results/lr-sweep-auto/`` (oblr-auto with the code now, grid-auto-core: run it with
+``--out benchmarks/results/lr-sweep-auto``), ``benchmarks/results/lr-sweep-auto-attempt3/`` (the same
+points with the previous estimator, seed 0 only, kept as the record of that attempt; docs/algorithm.md).
+The auto runs live apart because a run folder does not record which estimator made it, and ``oblr
+compare`` would reuse an old attempt's finished folder for the new one.
+
 ``report`` reads every run folder under the given directories (any number of seeds; a folder without
 ``summary.json`` is an unfinished point and is listed as missing), groups them by (baseline, schedule,
 optimizer, lr) taken from each run's config.yaml, and writes
