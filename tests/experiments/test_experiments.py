@@ -263,3 +263,15 @@ def test_proxy_study_cli_over_a_runs_checkpoints(grid_run, tmp_path):
             v = float(r[k])
             assert math.isnan(v) or -1.0 - 1e-9 <= v <= 1.0 + 1e-9
     assert (dest / "proxy_study.png").stat().st_size > 0 and "Spearman" in (dest / "proxy_study.md").read_text()
+
+
+def test_progress_line_names_the_accuracy_it_prints():
+    """The grid's 'done' line names each final accuracy (it printed the greedy one as 'final acc' while the
+    report's tables use the run's eval metric, the sampled one by default)."""
+    from oblr.experiments.runner import _final_accuracies
+
+    s = {"eval_metric": "accuracy_sampled", "eval_accuracy_final": 0.4075, "eval_accuracy_greedy_final": 0.525}
+    assert _final_accuracies(s) == ", final accuracy_sampled 0.407, greedy 0.525"
+    assert _final_accuracies({"eval_metric": "accuracy_greedy", "eval_accuracy_final": 0.5,
+                              "eval_accuracy_greedy_final": 0.5}) == ", final accuracy_greedy 0.500"
+    assert _final_accuracies({}) == ""

@@ -66,6 +66,18 @@ def _train_one(cfg_dict: dict, resume: bool, variant: str, seed: int, quiet: boo
         return {"status": "failed", "seconds": time.perf_counter() - t0, "error": f"{type(e).__name__}: {e}"}
 
 
+def _final_accuracies(summary: dict) -> str:
+    """``", final accuracy_sampled 0.408, greedy 0.525"``: the summary's final evaluation, each named (the
+    main metric first, as ``eval.metric`` chose it), or '' when the run had no evaluation."""
+    parts = []
+    if summary.get("eval_accuracy_final") is not None:
+        parts.append(f"{summary.get('eval_metric', 'accuracy')} {summary['eval_accuracy_final']:.3f}")
+    greedy = summary.get("eval_accuracy_greedy_final")
+    if greedy is not None and summary.get("eval_metric") != "accuracy_greedy":
+        parts.append(f"greedy {greedy:.3f}")
+    return (", final " + ", ".join(parts)) if parts else ""
+
+
 class _Progress:
     """``[grid] k/n ...`` lines with an ETA from the runs trained so far."""
 
@@ -79,8 +91,7 @@ class _Progress:
             self.durations.append(res["seconds"])
         self.n_todo -= 1
         s = res.get("summary") or {}
-        acc = s.get("eval_accuracy_greedy_final", s.get("eval_accuracy_final"))
-        what = f"done in {_fmt_s(res['seconds'])}" + (f", final acc {acc:.3f}" if acc is not None else "")
+        what = f"done in {_fmt_s(res['seconds'])}" + _final_accuracies(s)
         if res["status"] != "done":
             what = f"FAILED after {_fmt_s(res['seconds'])}: {res['error']}"
         eta = ""
