@@ -257,3 +257,25 @@ def test_progress_helper_tty_and_plain():
     out = io.StringIO()
     list(progress(iter(range(20)), stream=out))  # unknown length: powers of two, then the final count
     assert [int(line.split()[0]) for line in out.getvalue().splitlines()] == [1, 2, 4, 8, 16, 20]
+
+
+def test_logger_close_that_fails_still_closes(tmp_path):
+    """A full disk can refuse the last buffered bytes when the metrics file is closed: the error reaches the
+    caller (the trainer turns it into one line), and the logger is closed anyway, so a second close (the
+    trainer's error path) does not raise again."""
+    import errno
+
+    from oblr.tracking.metrics import MetricsLogger
+
+    logger = MetricsLogger(tmp_path)
+    real = logger._file
+
+    class Full:
+        def close(self):
+            real.close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    logger._file = Full()
+    with pytest.raises(OSError, match="No space"):
+        logger.close()
+    logger.close()

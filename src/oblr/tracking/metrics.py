@@ -272,8 +272,8 @@ class MetricsLogger:
     def close(self) -> None:
         """Close every sink; safe to call twice."""
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            f, self._file = self._file, None
+            f.close()  # may raise (a full disk refuses the last buffered bytes); the logger is closed anyway
         if self._tb is not None:
             self._tb.close()
             self._tb = None

@@ -487,16 +487,26 @@ class Trainer:
             raise TrainingError(f"cannot write in {self.run_dir}: {e.strerror or e}"
                                 f"{f' ({e.filename})' if e.filename else ''}; {self._last_good()}") from None
         finally:
-            if self.progress:
-                self.progress.close()
-            self.logger.close()
+            close_error = None
+            try:
+                if self.progress:
+                    self.progress.close()
+                self.logger.close()
+            except OSError as e:  # the last buffered metrics refused (a full disk)
+                close_error = e
             self.engine.close()
+            failed_on_close = close_error is not None and status == "completed"
+            if failed_on_close:
+                status = "failed"
             summary = self._summary(self._done["step"], time.perf_counter() - wall0, status)
             if status != "completed" and main:
                 try:  # best effort: the disk may be the reason the run stopped
                     ckpt.write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
                 except OSError:
                     pass
+            if failed_on_close:  # (if the run was already stopping on an error, that one is reported)
+                raise TrainingError(f"cannot write in {self.run_dir}: {close_error.strerror or close_error}; "
+                                    f"{self._last_good()}") from None
         shutdown()
         if not main:
             return summary
