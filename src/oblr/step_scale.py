@@ -192,12 +192,12 @@ class AutoStepSchedule:
         for g in self.optimizer.param_groups:
             g["lr"] = self._applied
 
-    def _measure(self, g_now: list[torch.Tensor]) -> None:
+    def _measure(self, g_now: list[torch.Tensor], g_now_sq: float) -> None:
         p = self.prev
         with torch.no_grad():
             delta = torch._foreach_sub([q.detach() for q in self.params], p["theta"])
             a_raw, b, dd = line_terms(p["g"], g_now, delta)
-        if dd <= 0 or p["lr"] <= 0 or p["g_sq"] <= 0 or not any(bool(g.any()) for g in g_now):
+        if dd <= 0 or p["lr"] <= 0 or p["g_sq"] <= 0 or g_now_sq <= 0:
             # nothing to learn from: no step, or a zero gradient (every group's rewards equal, e.g. a
             # collapsed policy): the lr is kept, not grown on averages that only decay
             self.last = {**self.last, "auto/skipped": 1.0}
@@ -220,13 +220,14 @@ class AutoStepSchedule:
         if stats is None:
             raise ValueError("the auto schedule needs the step's SNR statistics (V: the noise correction)")
         g_now = [q.grad.detach() if q.grad is not None else torch.zeros_like(q) for q in self.params]
+        with torch.no_grad():
+            g_sq = float(dot(g_now, g_now))
         if self.prev is not None:
-            self._measure(g_now)
+            self._measure(g_now, g_sq)
         self._set(self.lr)
         self.t += 1
         self.stats = stats
         with torch.no_grad():
-            g_sq = float(dot(g_now, g_now))
             clip = min(1.0, self.grad_clip / math.sqrt(g_sq)) if self.grad_clip > 0 and g_sq > 0 else 1.0
             self.prev = {"theta": [q.detach().clone() for q in self.params], "g": [g.clone() for g in g_now],
                          "lr": self._applied, "clip": clip, "V": max(float(stats.V), 0.0), "n": int(stats.n),

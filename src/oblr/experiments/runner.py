@@ -68,7 +68,7 @@ def _train_one(cfg_dict: dict, resume: bool, variant: str, seed: int, quiet: boo
 
 def _final_accuracies(summary: dict) -> str:
     """``", final accuracy_sampled 0.408, greedy 0.525"``: the summary's final evaluation, each named (the
-    main metric first, as ``eval.metric`` chose it), or '' when the run had no evaluation."""
+    main metric first, as the summary's ``eval_metric`` names it), or '' when the run had no evaluation."""
     parts = []
     if summary.get("eval_accuracy_final") is not None:
         parts.append(f"{summary.get('eval_metric', 'accuracy')} {summary['eval_accuracy_final']:.3f}")
