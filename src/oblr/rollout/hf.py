@@ -3,7 +3,7 @@
 :class:`HFEngine` (registered as ``"hf"``) samples with the live policy module of the trainer, so
 ``sync_weights`` has nothing to do; :func:`generate` is the same loop as a function.
 
-Our own decoding loop over ``model(...)`` with ``past_key_values`` (not ``model.generate``): for tiny
+Our own decoding loop over ``model(...)`` with a KV cache (``cache``, ``past_key_values`` before transformers 5.24) (not ``model.generate``): for tiny
 models on CPU the cost is per-token Python overhead, and this loop measured faster than ``generate``
 (see docs/builtin.md). Positions are derived from the attention mask exactly as in
 :func:`oblr.logprobs.position_ids_from_mask`, so left padding gives the same log-probs as the unpadded
@@ -18,6 +18,7 @@ holds log q(token), q = softmax(logits / temperature) restricted to the top-p se
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Annotated
 
@@ -63,9 +64,9 @@ def _generate_chunk(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, 
     ids, mask = prompt_ids[:, -keep:], prompt_mask[:, -keep:]
     b = ids.shape[0]
     device = ids.device
-    cache = DynamicCache()
+    cache = {_kv_keyword(model): DynamicCache()}  # updated in place by every forward
     pos = position_ids_from_mask(mask)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **cache)
     next_pos = pos[:, -1:] + 1
     done = torch.zeros(b, dtype=torch.bool, device=device)
     tokens, logqs = [], []
@@ -81,10 +82,24 @@ def _generate_chunk(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, 
         if step + 1 == max_new_tokens or bool(done.all()):
             break
         mask = torch.cat([mask, ones], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
-                    past_key_values=out.past_key_values, use_cache=True)
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, use_cache=True, **cache)
         next_pos = next_pos + 1
     return torch.stack(tokens, dim=1), None if greedy else torch.stack(logqs, dim=1)
+
+
+def _kv_keyword(model) -> str:
+    """The forward keyword of the KV cache: ``cache`` where transformers renamed it (5.24 warns on
+    ``past_key_values``), else ``past_key_values``. Looks through DDP (``.module``) and peft wrappers."""
+    m = model
+    for _ in range(4):
+        m = getattr(m, "module", m)
+        if hasattr(m, "get_base_model"):
+            m = m.get_base_model()
+    try:
+        params = inspect.signature(m.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def check_generate_args(prompts, num_samples, max_new_tokens, temperature, top_p, batch_size) -> None:
