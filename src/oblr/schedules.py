@@ -30,6 +30,27 @@ def available_schedules() -> list[str]:
     return SCHEDULES.names()
 
 
+#: the keyword arguments every schedule factory takes (the rest of a factory's keywords are its own options)
+COMMON_ARGS = frozenset({"optimizer", "lr", "eta_min", "warmup_steps", "total_steps", "ema", "grad_clip"})
+
+
+def schedule_options(name: str) -> list[str]:
+    """The options of schedule ``name`` beyond :data:`COMMON_ARGS` (e.g. ``auto``'s ``max_change``)."""
+    params = inspect.signature(SCHEDULES.get(name)).parameters
+    return [k for k, p in params.items() if k not in COMMON_ARGS and p.kind == p.KEYWORD_ONLY]
+
+
+def check_schedule_options(name: str, options: dict) -> str | None:
+    """None when every key of ``options`` is an option of schedule ``name``, else a one-line complaint
+    naming the unknown keys and the accepted ones."""
+    known = schedule_options(name)
+    unknown = sorted(set(options) - set(known))
+    if not unknown:
+        return None
+    return (f"unknown option(s) {', '.join(unknown)} for the {name!r} schedule; it accepts "
+            f"{', '.join(known) if known else 'none'}")
+
+
 def make_lr_controller(name: str, optimizer, *, lr: float, eta_min: float = 0.0, warmup_steps: int = 0,
                        total_steps: int = 1, ema: float = 0.0, **options):
     """The controller registered as ``name``. ``options`` (e.g. ``grad_clip``) go only to factories that

@@ -42,6 +42,9 @@ BAD = {
     "oblr_baseline": dict(oblr_baseline="nope"),
     "oblr_snr_ema": dict(oblr_snr_ema=1.0),
     "oblr_eta_min": dict(oblr_eta_min=-1.0),
+    "oblr_lr_schedule": dict(oblr_lr_schedule="cosine"),
+    "oblr_schedule_options": dict(oblr_lr_schedule="auto", oblr_schedule_options={"max_chnage": 2.0}),
+    "learning_rate": dict(learning_rate=float("inf")),
 }
 
 
@@ -79,6 +82,32 @@ def test_compatible_explicit_values_pass(tmp_path):
     _cfg(tmp_path, temperature=0.7, oblr_baseline="rloo", oblr_snr_lr=False, lr_scheduler_type="cosine",
          delta=1.5, importance_sampling_level="sequence", generation_kwargs={"use_cache": True},
          gradient_accumulation_steps=2)
+
+
+def test_learning_rate_auto_selects_the_auto_schedule_with_its_initial_guess(tmp_path):
+    from oblr.integrations.trl.config import AUTO_GUESS
+
+    cfg = _cfg(tmp_path, learning_rate="auto")
+    assert (cfg.oblr_lr_schedule, cfg.learning_rate) == ("auto", AUTO_GUESS)
+    ok = _cfg(tmp_path, oblr_lr_schedule="auto", oblr_schedule_options={"max_change": 1.5, "probe": 0.1})
+    assert ok.oblr_schedule_options == {"max_change": 1.5, "probe": 0.1}
+
+
+def test_an_unknown_schedule_option_names_the_accepted_ones(tmp_path):
+    with pytest.raises(ValueError, match="max_change") as e:
+        _cfg(tmp_path, oblr_schedule_options={"max_change": 2.0})  # snr has no options
+    assert "\n" not in str(e.value)
+
+
+def test_trl_default_learning_rate_as_eta_max_warns(tmp_path):
+    with pytest.warns(UserWarning, match="eta_max"):
+        _cfg(tmp_path)  # learning_rate unset: TRL's 1e-6
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        _cfg(tmp_path, learning_rate=1e-4)
+        _cfg(tmp_path, learning_rate="auto")
 
 
 def test_docs_list_every_refused_setting():

@@ -45,6 +45,6 @@ def test_two_processes_match_one_process_on_the_global_batch(two_process_run, tr
     st = snr_statistics(g_k.pow(2).sum(-1), gbar.pow(2).sum())
     assert float(st.S) > 0 and float(st.V) > 0                 # the varied reward gives a signal to compare
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=LR)
-    lr = SNRLearningRate(opt, eta_max=LR, ema=EMA).step(st.S, st.V, N)[0]
+    lr = SNRLearningRate(opt, eta_max=LR, ema=EMA).step(st.signal, st.V, N)[0]
     for key, ref in (("oblr/S", st.S), ("oblr/V", st.V), ("oblr/snr", st.snr), ("oblr/lr", lr)):
         assert log0[key] == pytest.approx(float(ref), rel=1e-4), key

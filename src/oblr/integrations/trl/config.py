@@ -5,7 +5,12 @@ Added fields (everything else is TRL's, used exactly as in ``GRPOConfig``):
 - ``oblr_baseline`` (default ``"oblr"``): any name in :func:`oblr.estimators.available_estimators`;
 - ``oblr_snr_lr`` (default True): set the learning rate every optimizer step by the gradient SNR,
   ``lr = learning_rate * S / (S + V/N)`` (``learning_rate`` is eta_max), :class:`oblr.snr.SNRLearningRate`;
-- ``oblr_eta_min`` (default 0) and ``oblr_snr_ema`` (default 0.9): the lr floor and the EMA factor on S and V.
+- ``oblr_eta_min`` (default 0) and ``oblr_snr_ema`` (default 0.9): the lr floor and the EMA factor on S and V;
+- ``oblr_lr_schedule`` (default ``"snr"``): the schedule oblr applies when ``oblr_snr_lr`` is True, ``snr`` (the
+  paper's rule, ``learning_rate`` is eta_max) or ``auto`` (the measured step scale of :mod:`oblr.step_scale`,
+  ``learning_rate`` is its initial guess; ``learning_rate="auto"`` selects it with the guess 1e-3);
+  ``oblr_schedule_options``: that schedule's own options (``auto``: max_change, scale_ema, probe, confidence).
+  The same schedule objects as ``oblr train`` (:mod:`oblr.schedules`), fed the same unclamped statistics.
 
 Defaults that differ from ``GRPOConfig`` are the compatible values (``loss_type="dr_grpo"``,
 ``scale_rewards="none"``, ``gradient_checkpointing=False``, ``lr_scheduler_type="constant"``,
@@ -18,12 +23,21 @@ in ``__post_init__`` with one line naming the setting and the value to use.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
 from oblr.estimators import available_estimators
+from oblr.schedules import check_schedule_options, schedule_options
+
+#: schedules oblr can apply inside TRL (both need the step's S and V); others are TRL's own lr_scheduler_type
+TRL_SCHEDULES = ("snr", "auto")
+#: GRPOConfig's learning_rate default (what an unset learning_rate means)
+TRL_DEFAULT_LR = next(f.default for f in fields(GRPOConfig) if f.name == "learning_rate")
+#: the initial guess of the auto schedule when ``learning_rate="auto"`` (oblr train's default optim.lr)
+AUTO_GUESS = 1e-3
 
 #: generation_kwargs keys that change the distribution the completions are sampled from
 SAMPLING_KEYS = frozenset({
@@ -123,6 +137,16 @@ RULES: tuple[Rule, ...] = (
     Rule("oblr_baseline", lambda c: c.oblr_baseline in available_estimators(),
          f"one of {', '.join(available_estimators())}", "it is not a registered estimator"),
     Rule("oblr_snr_ema", lambda c: 0.0 <= c.oblr_snr_ema < 1.0, "a value in [0, 1)", "it is an EMA factor"),
+    Rule("oblr_lr_schedule", lambda c: c.oblr_lr_schedule in TRL_SCHEDULES, "oblr_lr_schedule='snr' or 'auto' "
+         "(fixed schedules: oblr_snr_lr=False and TRL's lr_scheduler_type)", "it is not a schedule oblr applies in TRL"),
+    Rule("oblr_schedule_options", lambda c: c.oblr_lr_schedule not in TRL_SCHEDULES
+         or check_schedule_options(c.oblr_lr_schedule, c.oblr_schedule_options or {}) is None,
+         "the chosen schedule's own options (" + "; ".join(f"{n}: {', '.join(schedule_options(n)) or 'none'}"
+                                                          for n in TRL_SCHEDULES) + ")",
+         "they are not options of the chosen schedule"),
+    Rule("learning_rate", lambda c: isinstance(c.learning_rate, (int, float)) and not isinstance(c.learning_rate, bool)
+         and math.isfinite(c.learning_rate) and c.learning_rate > 0,
+         "a positive number (or 'auto')", "it is the SNR rule's eta_max or the auto schedule's initial guess"),
     Rule("oblr_eta_min", lambda c: math.isfinite(c.oblr_eta_min) and 0.0 <= c.oblr_eta_min <= c.learning_rate,
          "a value in [0, learning_rate]", "it is the floor of the SNR learning rate"),
 )
@@ -157,6 +181,11 @@ class OBLRGRPOConfig(GRPOConfig):
     oblr_eta_min: float = field(default=0.0, metadata={"help": "floor of the SNR learning rate"})
     oblr_snr_ema: float = field(default=0.9, metadata={
         "help": "EMA factor on S and V (0 = current batch only, as in the paper)"})
+    oblr_lr_schedule: str = field(default="snr", metadata={
+        "help": "snr: learning_rate x S / (S + V/N) (learning_rate is eta_max); auto: the measured step scale "
+                "(learning_rate is the initial guess; not the paper's rule)"})
+    oblr_schedule_options: dict = field(default_factory=dict, metadata={
+        "help": "options of oblr_lr_schedule (auto: max_change, scale_ema, probe, confidence)"})
 
     # TRL defaults replaced by the compatible values
     loss_type: str = field(default="dr_grpo", metadata={"help": "must be dr_grpo (constant normalisation)"})
@@ -167,7 +196,13 @@ class OBLRGRPOConfig(GRPOConfig):
     router_aux_loss_coef: float | None = field(default=0.0, metadata={"help": "must be 0 (MoE aux loss)"})
 
     def __post_init__(self):
+        if isinstance(self.learning_rate, str) and self.learning_rate.strip().lower() == "auto":
+            self.oblr_lr_schedule, self.learning_rate = "auto", AUTO_GUESS
         super().__post_init__()
         msg = refusal(self)
         if msg is not None:
             raise ValueError(msg)
+        if self.oblr_snr_lr and self.oblr_lr_schedule == "snr" and self.learning_rate == TRL_DEFAULT_LR:
+            warnings.warn(f"OBLRGRPOConfig: learning_rate={TRL_DEFAULT_LR:g} (TRL's default) is the SNR rule's eta_max, "
+                          f"the largest lr it can set; set it above the constant rate GRPO would use (docs/trl.md, "
+                          f"'Which learning_rate to set') or learning_rate='auto'", UserWarning, stacklevel=2)

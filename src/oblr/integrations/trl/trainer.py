@@ -28,17 +28,19 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
 from oblr.gradnorm import BookKeeper
-from oblr.snr import SNRLearningRate, snr_statistics
+from oblr.schedules import make_lr_controller
+from oblr.snr import snr_statistics
 
 from .config import OBLRGRPOConfig
 from .round import RoundInputs, RoundSettings, run_round
 
 
-class _SNRSchedule:
-    """The Trainer's ``lr_scheduler`` when the SNR rule sets the lr: ``step()`` is a no-op (the controller
-    steps before the optimizer, from S and V), ``get_last_lr`` reports the lr it set, state is checkpointed."""
+class _OBLRSchedule:
+    """The Trainer's ``lr_scheduler`` when oblr sets the lr (``snr`` or ``auto``, :mod:`oblr.schedules`):
+    ``step()`` is a no-op (the controller steps before the optimizer, from the step's statistics),
+    ``get_last_lr`` reports the lr it set, state is checkpointed."""
 
-    def __init__(self, controller: SNRLearningRate):
+    def __init__(self, controller):
         self.controller = controller
 
     def step(self, *args, **kwargs) -> None:
@@ -82,7 +84,10 @@ class OBLRGRPOTrainer(GRPOTrainer):
         self._oblr_book = BookKeeper(self.model)  # fails now, naming the module, if a layer has no rule
         self._oblr_fold = not self.is_deepspeed_enabled
         self._oblr_rewards_per_func = None
-        self._oblr_controller: SNRLearningRate | None = None
+        if self.is_deepspeed_enabled and args.oblr_snr_lr and args.oblr_lr_schedule == "auto":
+            raise ValueError("OBLRGRPOTrainer: oblr_lr_schedule='auto' is not supported under DeepSpeed (it reads "
+                             "the parameters' full .grad, which ZeRO partitions); use oblr_lr_schedule='snr'")
+        self._oblr_controller = None  # an oblr.schedules controller (snr or auto) once the scheduler exists
         self._oblr_pending: tuple[torch.Tensor, int] | None = None  # (sum_k ||g_k||^2, N) awaiting ||gbar||^2
         self._oblr_round_loss = None
         self.oblr_last_round = None  # RoundInputs/RoundResult of the last generation batch (tests, debugging)
@@ -97,12 +102,14 @@ class OBLRGRPOTrainer(GRPOTrainer):
                 raise ValueError(f"OBLRGRPOTrainer: the SNR learning rate needs a torch optimizer, got "
                                  f"{type(inner).__name__} (remove the optimizer section of the DeepSpeed config)")
             a = self.args
-            self._oblr_controller = SNRLearningRate(inner, eta_max=a.learning_rate, eta_min=a.oblr_eta_min,
-                                                    ema=a.oblr_snr_ema,
-                                                    warmup_steps=a.get_warmup_steps(num_training_steps))
+            clip = float(a.max_grad_norm) if a.max_grad_norm and a.max_grad_norm > 0 else 0.0
+            self._oblr_controller = make_lr_controller(
+                a.oblr_lr_schedule, inner, lr=a.learning_rate, eta_min=a.oblr_eta_min, ema=a.oblr_snr_ema,
+                warmup_steps=a.get_warmup_steps(num_training_steps), total_steps=num_training_steps, grad_clip=clip,
+                **(a.oblr_schedule_options or {}))
             if self.is_deepspeed_enabled:
                 inner.register_step_pre_hook(lambda opt, args, kwargs: self._oblr_lr_from_deepspeed())
-            self.lr_scheduler = _SNRSchedule(self._oblr_controller)
+            self.lr_scheduler = _OBLRSchedule(self._oblr_controller)
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
@@ -111,10 +118,15 @@ class OBLRGRPOTrainer(GRPOTrainer):
         sum_gk, n = self._oblr_pending
         self._oblr_pending = None
         st = snr_statistics(sum_gk.double(), gbar_sq.double(), n)
-        lr = self._oblr_controller.step(st.S, st.V, n)[0]
+        self._oblr_controller.step(st)  # the unclamped signal and V, as in oblr train (oblr.schedules)
+        lr = self._oblr_controller.get_last_lr()[0]
+        m = self._metrics["train"]
         for k, v in (("S", st.S), ("V", st.V), ("snr", st.snr), ("signal", st.signal), ("lr", lr),
-                     ("grad_norm", gbar_sq.double().sqrt())):
-            self._metrics["train"][f"oblr/{k}"].append(float(v))
+                     ("grad_norm", gbar_sq.double().sqrt()), ("n", n)):
+            m[f"oblr/{k}"].append(float(v))
+        for k, v in self._oblr_controller.metrics().items():
+            if k.startswith("auto/"):
+                m[f"oblr/{k}"].append(float(v))
 
     def _oblr_lr_from_deepspeed(self) -> None:
         """Pre-step hook of the inner optimizer under DeepSpeed: DeepSpeed has reduced the gradient and stored

@@ -1,0 +1,76 @@
+"""OBLRGRPOTrainer's learning rate: every step's ``oblr/lr`` recomputed by an independent controller from the
+logged unclamped signal and V and the configured N, with a noisy reward (the regime where clamping before the
+EMA changes the lr); the ``auto`` schedule (``learning_rate="auto"``) runs in TRL with its probe and its
+bounded changes."""
+
+import zlib
+
+import pytest
+
+pytest.importorskip("trl")
+
+from oblr.models import load_model_and_tokenizer  # noqa: E402
+from oblr.step_scale import AutoStepSchedule  # noqa: E402
+
+from .trl_helpers import make_trainer  # noqa: E402
+
+ETA_MAX, EMA, G, ROWS = 1e-3, 0.9, 4, 12  # 3 prompts of 4 completions per optimizer step
+
+
+def noisy_reward(prompts, completions, **kwargs) -> list[float]:
+    """0 or 1 from a hash of the completion: spread inside groups, unrelated to any gradient direction, so the
+    signal estimate is often negative (noise dominates)."""
+    return [float(zlib.crc32(c.encode()) % 2) for c in completions]
+
+
+def _independent_lrs(rows, n: int) -> list[float]:
+    """lr_t = eta_max S/(S + V/n) with S, V the bias-corrected EMAs of the UNCLAMPED signal and V, clamped
+    after averaging (written here from the formula, not with oblr.snr)."""
+    s_avg = v_avg = 0.0
+    out = []
+    for k, row in enumerate(rows, start=1):
+        s_avg = EMA * s_avg + (1 - EMA) * row["oblr/signal"]
+        v_avg = EMA * v_avg + (1 - EMA) * row["oblr/V"]
+        corr = 1 - EMA**k
+        S, V = max(s_avg / corr, 0.0), max(v_avg / corr, 0.0)
+        out.append(ETA_MAX * S / (S + V / n) if S + V / n > 0 else 0.0)
+    return out
+
+
+def test_trl_lr_is_the_snr_rule_on_the_logged_unclamped_statistics(trl_model, tmp_path):
+    model, tok = load_model_and_tokenizer(trl_model)
+    trainer = make_trainer(model, tok, tmp_path, reward=noisy_reward, per_device_train_batch_size=ROWS,
+                           num_generations=G, max_steps=8, learning_rate=ETA_MAX, oblr_snr_ema=EMA)
+    trainer.train()
+    rows = [r for r in trainer.state.log_history if "oblr/lr" in r]
+    assert len(rows) == 8
+    n = ROWS // G
+    assert all(r["oblr/n"] == n for r in rows)
+    signals = [r["oblr/signal"] for r in rows]
+    assert min(signals) < 0 < max(signals), f"need steps with negative and positive signal, got {signals}"
+    expected = _independent_lrs(rows, n)
+    for r, lr in zip(rows, expected):
+        assert r["oblr/lr"] == pytest.approx(lr, rel=1e-6, abs=1e-15)
+        assert r["learning_rate"] == pytest.approx(r["oblr/lr"], rel=1e-6, abs=1e-15)
+    # the regime matters: averaging the clamped S instead gives a different lr on some step
+    clamped = _independent_lrs([{**r, "oblr/signal": max(r["oblr/signal"], 0.0)} for r in rows], n)
+    assert any(abs(a - b) > 1e-3 * max(abs(b), 1e-12) for a, b in zip(clamped, expected))
+
+
+def test_auto_schedule_runs_in_trl_from_learning_rate_auto(trl_model, tmp_path):
+    model, tok = load_model_and_tokenizer(trl_model)
+    trainer = make_trainer(model, tok, tmp_path, learning_rate="auto", max_steps=5,
+                           oblr_schedule_options={"max_change": 1.5})
+    assert trainer.args.oblr_lr_schedule == "auto"
+    trainer.train()
+    ctrl = trainer.lr_scheduler.controller
+    assert isinstance(ctrl, AutoStepSchedule) and ctrl.max_change == 1.5
+    rows = [r for r in trainer.state.log_history if "oblr/lr" in r]
+    assert len(rows) == 5
+    lrs = [r["oblr/lr"] for r in rows]
+    assert lrs[0] == pytest.approx(0.01 * 1e-3)  # the probe: probe x the initial guess
+    assert all("oblr/auto/d" in r for r in rows[1:])  # measured from the second step on
+    for a, b in zip(lrs, lrs[1:]):
+        assert a / 1.5 * (1 - 1e-9) <= b <= a * 1.5 * (1 + 1e-9)
+    assert len(set(lrs)) > 1  # it moved
+    assert [r["learning_rate"] for r in rows] == pytest.approx(lrs)
