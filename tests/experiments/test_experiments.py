@@ -134,6 +134,62 @@ def test_decide_resumes_a_checkpointed_run_and_clears_a_partial_one(grid_run, tm
     assert decide(run, plan[("oblr-snr", 0)].cfg) == ("start", "partial run without checkpoint (cleared)")
 
 
+def test_run_folders_record_their_code_and_compare_refuses_reruns_or_reuses_other_code(grid_run, tmp_path, capsys):
+    from oblr.provenance import code_identity, read_code_file
+
+    grid_path, out = grid_run
+    rec = read_code_file(out / "oblr-snr" / "seed0")
+    assert rec["source_hash"] == code_identity()["source_hash"] and rec["mixed"] is False
+    assert [s["from_step"] for s in rec["segments"]] == [0]
+    summary = json.loads((out / "oblr-snr" / "seed0" / "summary.json").read_text())
+    assert summary["code"] == code_identity()
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    stale = copy / "oblr-snr" / "seed1"
+    code = json.loads((stale / "code.json").read_text())
+    code["segments"][0]["source_hash"] = code["source_hash"] = "0" * 64  # as if made by other code
+    (stale / "code.json").write_text(json.dumps(code))
+    (copy / "rloo-const" / "seed0" / "code.json").unlink()  # made before runs recorded their code
+    summary_before = (stale / "summary.json").read_bytes()
+    # default: refused, both codes named, nothing touched
+    assert main(["compare", "--config", str(grid_path), "--out", str(copy)]) == 1
+    text = capsys.readouterr().out
+    assert text.count("CONFLICT") == 2 and text.count(": reused (finished") == 2
+    assert "was made by oblr " in text and f"source {'0' * 12}" in text and "did not record itself" in text
+    assert "--on-other-code rerun" in text and (stale / "summary.json").read_bytes() == summary_before
+    # reuse: kept as they are, saying so
+    assert main(["compare", "--config", str(grid_path), "--out", str(copy), "--dry-run", "--on-other-code", "reuse"]) == 0
+    assert capsys.readouterr().out.count("kept although ") == 2
+    # rerun: moved aside (nothing deleted), trained again with this code
+    assert main(["compare", "--config", str(grid_path), "--out", str(copy), "--on-other-code", "rerun"]) == 0
+    text = capsys.readouterr().out
+    assert text.count(": rerunning (") == 2 and text.count(": reused (finished") == 2
+    aside = copy / "oblr-snr" / "seed1.other-code"
+    assert (aside / "summary.json").read_bytes() == summary_before
+    assert read_code_file(stale)["source_hash"] == code_identity()["source_hash"]
+    assert (copy / "rloo-const" / "seed0.other-code" / "metrics.jsonl").is_file()
+    plan = plan_grid(load_grid(grid_path), copy)
+    assert [p.action for p in plan] == ["reuse"] * 4  # the folders set aside are not run folders of the grid
+
+
+def test_a_run_resumed_by_other_code_is_recorded_as_mixed(grid_run, tmp_path):
+    from oblr.provenance import code_record, read_code_file, same_code
+
+    _, out = grid_run
+    run = tmp_path / "run"
+    shutil.copytree(out / "oblr-snr" / "seed0", run)
+    code = json.loads((run / "code.json").read_text())
+    code["segments"][0]["source_hash"] = "f" * 64
+    (run / "code.json").write_text(json.dumps(code))
+    (run / "code.json").write_text(code_record(run, 1))  # resumed at step 1 by this code
+    rec = read_code_file(run)
+    assert rec["mixed"] is True and [s["from_step"] for s in rec["segments"]] == [0, 1]
+    ok, why = same_code(run)
+    assert not ok and "started (from step 0) by" in why and "resumed with this code" in why
+    (run / "code.json").write_text(code_record(run, 0))  # restarted from step 0: only this code made it
+    assert same_code(run) == (True, "")
+
+
 def test_a_failing_run_is_reported_and_the_others_continue(small_builtin, tmp_path, capsys):
     variants = [{"name": "broken", "task.options": {"n_train": 200, "n_eval": 20, "difficulty": "no-such"}},
                 {"name": "fine", "train.steps": 1, "train.eval_every": 0, "train.plots": False}]

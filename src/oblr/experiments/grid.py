@@ -19,6 +19,11 @@ A run folder is *reused* when its ``summary.json`` exists and its ``config.yaml`
 :data:`IGNORED_FOR_MATCH` aside), *resumed* when it has a checkpoint and a compatible config (or a finished
 run is asked for more ``train.steps``), *started* when empty (a partial run without any checkpoint is
 cleared first), and a *conflict* (never touched) when it holds a run of another configuration.
+
+A folder made (or resumed) by other oblr code (another source hash, :mod:`oblr.provenance`; folders from before
+runs recorded their code count as other code) is not reused or resumed silently: ``on_other_code`` says what
+happens -- ``refuse`` (default: a conflict naming both codes), ``rerun`` (the folder is moved aside to
+``seed<k>.other-code[-N]`` and the run starts afresh; nothing is deleted) or ``reuse`` (keep it as it is).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 import yaml
 
 from oblr.config import Config, ConfigError, apply_overrides, config_from_dict, read_config_file
+from oblr.provenance import same_code
 from oblr.safe_load import InputError, load_yaml_file
 from oblr.train.checkpoint import latest_checkpoint
 from oblr.train.run_dir import RESUMABLE_CHANGES, config_diff, flatten
@@ -44,6 +50,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
 IGNORED_FOR_MATCH = frozenset({"train.output_dir", "train.threads", "train.plots", "train.tensorboard",
                                "train.wandb", "train.keep_checkpoints"})
 GRID_FILE = "grid.yaml"  # written into the output folder: marks it as a grid and records what was asked
+ON_OTHER_CODE = ("refuse", "rerun", "reuse")  # what `oblr compare` does with a run folder made by other code
 
 
 @dataclass
@@ -69,7 +76,7 @@ class PlannedRun:
     seed: int
     run_dir: Path
     cfg: Config
-    action: str  # "reuse" | "resume" | "start" | "conflict"
+    action: str  # "reuse" | "resume" | "start" | "rerun" (other code: moved aside, then start) | "conflict"
     reason: str = ""
 
     @property
@@ -186,8 +193,40 @@ def build_config(grid: Grid, variant: Variant, seed: int, out_dir: Path, overrid
         raise ConfigError(f"{where}: {e}") from None
 
 
-def decide(run_dir: Path, cfg: Config) -> tuple[str, str]:
+def decide(run_dir: Path, cfg: Config, on_other_code: str = "refuse") -> tuple[str, str]:
     """``(action, reason)`` for one run folder; see the module docstring."""
+    if on_other_code not in ON_OTHER_CODE:
+        raise ConfigError(f"on_other_code must be one of {', '.join(ON_OTHER_CODE)}, got {on_other_code!r}")
+    action, reason = _decide_config(run_dir, cfg)
+    if action not in ("reuse", "resume"):
+        return action, reason
+    same, why = same_code(run_dir)
+    if same or on_other_code == "reuse":
+        return action, reason + ("" if same else f"; kept although {why}")
+    if on_other_code == "rerun":
+        return "rerun", f"{why}; moved aside to {aside_dir(run_dir).name}, started afresh"
+    return "conflict", (f"{run_dir} was {why}; pass --on-other-code rerun to move it aside and train it again, "
+                        f"or --on-other-code reuse to keep its numbers")
+
+
+def aside_dir(run_dir: Path) -> Path:
+    """The first free ``<run_dir>.other-code[-N]`` beside ``run_dir``."""
+    cand, k = run_dir.with_name(run_dir.name + ".other-code"), 1
+    while cand.exists():
+        k += 1
+        cand = run_dir.with_name(f"{run_dir.name}.other-code-{k}")
+    return cand
+
+
+def move_aside(run_dir: Path) -> Path:
+    """Rename ``run_dir`` to :func:`aside_dir` (nothing deleted); returns the new path."""
+    dest = aside_dir(run_dir)
+    run_dir.rename(dest)
+    return dest
+
+
+def _decide_config(run_dir: Path, cfg: Config) -> tuple[str, str]:
+    """``(action, reason)`` from the folder's files and config alone (code not considered)."""
     has_summary = (run_dir / "summary.json").is_file()
     has_ckpt = latest_checkpoint(run_dir) is not None
     has_cfg = (run_dir / "config.yaml").is_file()
@@ -215,14 +254,15 @@ def decide(run_dir: Path, cfg: Config) -> tuple[str, str]:
     return "start", "partial run without checkpoint (cleared)"
 
 
-def plan_grid(grid: Grid, out_dir: str | Path, overrides: list[str] = ()) -> list[PlannedRun]:
+def plan_grid(grid: Grid, out_dir: str | Path, overrides: list[str] = (),
+              on_other_code: str = "refuse") -> list[PlannedRun]:
     """One :class:`PlannedRun` per (variant, seed), variant-major; all configs validated first."""
     out_dir = Path(out_dir)
     configs = [(v, s, build_config(grid, v, s, out_dir, list(overrides))) for v in grid.variants for s in grid.seeds]
     plan = []
     for v, s, cfg in configs:
         rd = run_dir_of(out_dir, v.name, s)
-        action, reason = decide(rd, cfg)
+        action, reason = decide(rd, cfg, on_other_code)
         plan.append(PlannedRun(v.name, s, rd, cfg, action, reason))
     return plan
 

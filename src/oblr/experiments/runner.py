@@ -19,7 +19,16 @@ import time
 import traceback
 from pathlib import Path
 
-from oblr.experiments.grid import Grid, PlannedRun, clear_partial, load_grid, plan_grid, write_grid_file
+from oblr.experiments.grid import (
+    ON_OTHER_CODE,
+    Grid,
+    PlannedRun,
+    clear_partial,
+    load_grid,
+    move_aside,
+    plan_grid,
+    write_grid_file,
+)
 
 __all__ = ["register_cli", "run_grid"]
 
@@ -102,22 +111,25 @@ class _Progress:
 
 
 def run_grid(grid: Grid, out_dir: str | Path, *, overrides: list[str] = (), jobs: int = 1, dry_run: bool = False,
-             quiet_runs: bool = True, command: str = "", log=print, plugins: tuple = ()) -> dict:
+             quiet_runs: bool = True, command: str = "", log=print, plugins: tuple = (),
+             on_other_code: str = "refuse") -> dict:
     """Run the grid into ``out_dir``; returns ``{"runs": [...], "failed": int, "report": files, "seconds"}``.
 
     Each entry of ``runs`` holds ``variant, seed, run_dir, action, status`` (reused | done | failed |
     conflict | planned), ``seconds`` and ``error``. ``jobs > 1`` trains that many runs at once in spawned
     processes, each with ``cpu_count // jobs`` torch threads unless ``train.threads`` is set; ``plugins``
-    (module names, :mod:`oblr.plugins`) are imported in each of them.
+    (module names, :mod:`oblr.plugins`) are imported in each of them. ``on_other_code``: what to do with a
+    folder made by other oblr code (:func:`oblr.experiments.grid.decide`).
     """
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     out_dir = Path(out_dir)
-    plan = plan_grid(grid, out_dir, list(overrides))
+    plan = plan_grid(grid, out_dir, list(overrides), on_other_code)
     n = len(plan)
-    counts = {a: sum(p.action == a for p in plan) for a in ("reuse", "resume", "start", "conflict")}
+    counts = {a: sum(p.action == a for p in plan) for a in ("reuse", "resume", "start", "rerun", "conflict")}
     log(f"[grid] {grid.source}: {len(grid.variants)} variants x {len(grid.seeds)} seeds = {n} runs into {out_dir} "
-        f"({counts['reuse']} reuse, {counts['resume']} resume, {counts['start']} start, {counts['conflict']} conflict)")
+        f"({counts['reuse']} reuse, {counts['resume']} resume, {counts['start']} start, "
+        + (f"{counts['rerun']} rerun (other code), " if counts["rerun"] else "") + f"{counts['conflict']} conflict)")
     records = [{"variant": p.variant, "seed": p.seed, "run_dir": str(p.run_dir), "action": p.action,
                 "status": "planned", "seconds": None, "error": p.reason if p.action == "conflict" else None}
                for p in plan]
@@ -159,8 +171,13 @@ def run_grid(grid: Grid, out_dir: str | Path, *, overrides: list[str] = (), jobs
 
 
 def _start_msg(log, k: int, n: int, p: PlannedRun) -> None:
-    verb = "resuming" if p.action == "resume" else "starting"
-    log(f"[grid] run {k}/{n} {p.name}: {verb}{' (' + p.reason + ')' if p.reason else ''} -> {p.run_dir}")
+    verb = {"resume": "resuming", "rerun": "rerunning"}.get(p.action, "starting")
+    if p.action == "rerun":
+        aside = move_aside(p.run_dir)
+        reason = p.reason.rsplit("; moved aside", 1)[0] + f"; the old folder is now {aside}"
+    else:
+        reason = p.reason
+    log(f"[grid] run {k}/{n} {p.name}: {verb}{' (' + reason + ')' if reason else ''} -> {p.run_dir}")
     if p.action == "start" and p.reason:
         clear_partial(p.run_dir)
 
@@ -255,6 +272,9 @@ def register_cli(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan (reuse/resume/start per run), run nothing")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once (processes); default 1")
     p.add_argument("--verbose", action="store_true", help="show each run's own progress display (jobs=1)")
+    p.add_argument("--on-other-code", choices=ON_OTHER_CODE, default="refuse",
+                   help="a run folder made by other oblr code (source hash in its code.json): refuse (default, "
+                        "a conflict naming both), rerun (move it aside to seed<k>.other-code, train again) or reuse")
     add_plugin_option(p)
     p.set_defaults(func=_cmd_compare)
 
@@ -282,7 +302,8 @@ def _cmd_compare(args) -> int:
     out = args.out or grid.out or str(Path("runs") / Path(args.config).stem)
     command = "oblr " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
     res = run_grid(grid, out, overrides=list(args.overrides), jobs=args.jobs, dry_run=args.dry_run,
-                   quiet_runs=not args.verbose, command=command, plugins=tuple(args.plugin))
+                   quiet_runs=not args.verbose, command=command, plugins=tuple(args.plugin),
+                   on_other_code=args.on_other_code)
     return 1 if res["failed"] else 0
 
 

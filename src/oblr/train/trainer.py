@@ -52,6 +52,7 @@ from oblr.distributed import (
 )
 from oblr.distributed.sharded_state import SHARDED_DIR, full_model_state, load_sharded, save_sharded
 from oblr.logprobs import logprob_gap
+from oblr.provenance import CODE_FILE, code_identity, code_record
 from oblr.rollout import generate_and_score, make_engine
 from oblr.schedules import make_lr_controller
 from oblr.tasks import get_task, reward_scorer
@@ -147,6 +148,8 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         if not (self.resume and self._restore()) and main:
             save_config(cfg, self.run_dir / "config.yaml")
+        if main:  # which code makes (this segment of) the run
+            ckpt.write_text_atomic(self.run_dir / CODE_FILE, code_record(self.run_dir, self.start_step))
         # built with the restored weights; sync_weights after every optimizer step keeps it on-policy
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, batch_size=cfg.rollout.batch_size,
                                   **cfg.rollout.engine_options)
@@ -523,7 +526,7 @@ class Trainer:
         evals = self.history["eval"]
         s = {"run_dir": str(self.run_dir), "status": status, "baseline": self.cfg.algorithm.baseline,
              "lr_schedule": self.cfg.algorithm.lr_schedule, "seed": self.cfg.train.seed, "steps": steps,
-             "wall_seconds": round(wall, 1), "eval_metric": "accuracy_sampled"}
+             "wall_seconds": round(wall, 1), "eval_metric": "accuracy_sampled", "code": code_identity()}
         for kind in ("sampled", "greedy"):
             vals = [e[f"eval/accuracy_{kind}"] for e in evals if f"eval/accuracy_{kind}" in e]
             if vals:
