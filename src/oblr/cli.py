@@ -192,5 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if terminated else 130
 
 
+def _exit(code: int) -> None:
+    """Exit with ``code``; a distributed worker (it initialised a process group) ends through
+    :func:`oblr.distributed.env.exit_worker`, which avoids a rare SIGABRT in torch's teardown at exit."""
+    env = sys.modules.get("oblr.distributed.env")  # imported only if this process trained
+    if env is not None and env.initialised_here():
+        env.exit_worker(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -172,3 +172,46 @@ def test_the_trainer_refuses_a_bad_distributed_setup_in_one_line(overrides, envi
     cfg.rollout.engine = "vllm"  # (a valid choice where vLLM is installed)
     with pytest.raises(DistributedSetupError, match="in-process engine only .rollout.engine=hf., not 'vllm'"):
         check_distributed(cfg, {"WORLD_SIZE": "2", "RANK": "0"})
+
+
+_EXIT_SCRIPT = """
+import atexit, os, sys, torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from oblr.distributed.env import exit_worker, init_distributed, shutdown
+
+init_distributed("gloo")
+atexit.register(lambda: print(f"atexit ran on rank {dist.get_rank() if dist.is_initialized() else '-'}", flush=True))
+y = funcol.wait_tensor(funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD))
+assert y.tolist() == [2.0, 2.0]
+shutdown()
+threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(f"rank {os.environ['RANK']} gloo threads after destroy: {sum(t.startswith(('pt_gloo', 'gloo')) for t in threads)}")
+sys.stdout.write("unflushed tail")
+exit_worker(int(os.environ["RANK"]) + 3 if os.environ.get("FAIL") else 0)
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_worker_ends_through_exit_worker_with_its_code_its_atexit_handlers_and_its_output(tmp_path, fail):
+    """torch's functional collectives keep the gloo backend's threads alive after destroy_process_group (the
+    source of the rare SIGABRT at exit); exit_worker ends the process without tearing them down, after the
+    atexit handlers and with the output flushed, and keeps the exit status."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "w.py"
+    script.write_text(_EXIT_SCRIPT)
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1", **({"FAIL": "1"} if fail else {})}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "--tee", "3", "--log-dir", str(tmp_path / "logs"), str(script)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    out = proc.stdout
+    assert "terminate called" not in proc.stderr
+    if fail:
+        assert proc.returncode != 0 and "exitcode  : 3" in proc.stderr  # rank 0's own code reaches torchrun
+    else:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in (0, 1):
+        assert "atexit ran on rank -" in out and f"rank {r} gloo threads after destroy:" in out
+    assert out.count("unflushed tail") == 2

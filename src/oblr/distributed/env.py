@@ -6,6 +6,11 @@
 the default process group and returns a :class:`DistEnv`. Without a launch it returns the one-process
 environment and initialises nothing, so the same program runs with and without torchrun.
 
+A worker process that initialised a process group ends through :func:`exit_worker` (the CLI does this):
+torch's functional collectives (DTensor's ``full_tensor``, FSDP2 gradient norms) keep the gloo backend and its
+C++ threads alive after ``destroy_process_group``, and tearing them down at interpreter exit occasionally
+aborts the process ("terminate called without an active exception", SIGABRT) although the run finished.
+
 Bad setups are refused with one line (:class:`DistributedSetupError`) before anything expensive starts:
 NCCL on a machine without CUDA, more local ranks than GPUs, a mode that needs a launch without one.
 """
@@ -22,6 +27,9 @@ import torch.distributed as dist
 
 BACKENDS = ("auto", "gloo", "nccl")
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+_initialised_here = False  # this process initialised a default process group (see exit_worker)
 
 
 class DistributedSetupError(ValueError):
@@ -117,6 +125,7 @@ def init_distributed(backend: str = "auto", device: str = "auto", *, timeout_s: 
     ``timeout_s``: how long a collective may wait for the other ranks before it raises (a rank that died
     makes the others fail after this long instead of hanging forever).
     """
+    global _initialised_here
     env = os.environ if environ is None else environ
     if not launched(env):
         if backend == "nccl":
@@ -132,6 +141,7 @@ def init_distributed(backend: str = "auto", device: str = "auto", *, timeout_s: 
     if not dist.is_initialized():
         dist.init_process_group(chosen, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
                                 device_id=dev if dev.type == "cuda" else None)
+        _initialised_here = True
     return DistEnv(rank=rank, world_size=world, local_rank=local, backend=chosen, device=dev)
 
 
@@ -139,6 +149,31 @@ def shutdown() -> None:
     """Destroy the default process group if there is one."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def initialised_here() -> bool:
+    """True once :func:`init_distributed` has initialised a process group in this process."""
+    return _initialised_here
+
+
+def exit_worker(code: int) -> None:
+    """End a distributed worker process with ``code`` without interpreter teardown: destroy the process
+    group, run the ``atexit`` handlers, flush stdout/stderr, then ``os._exit``. Files are closed by then (the
+    trainer closes its own); what is skipped is the destruction of C++ objects whose threads torch leaves
+    running (the gloo backend after functional collectives), the source of rare SIGABRTs at exit."""
+    import atexit
+    import sys
+
+    try:
+        shutdown()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
 
 
 def is_distributed() -> bool:
