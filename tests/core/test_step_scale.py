@@ -204,3 +204,182 @@ def test_a_zero_gradient_is_not_measured_and_keeps_the_lr():
         ctl.step(_stats(0.0, 4))
         opt.step()  # Adam's momentum still moves the parameters
         assert ctl.get_last_lr()[0] == lr and ctl.n_avg == 0 and ctl.last["auto/skipped"] == 1.0
+
+
+# --- the regimes where the numbers matter: noise on (V > 0), state that decides the lr, clipping active ---
+
+def _adamw_by_hand(theta, g, m, v, k, lr, b1, b2, eps, wd):
+    """One AdamW step written from its definition (decoupled decay, bias-corrected moments); returns
+    ``(theta', m', v', vhat)`` with ``vhat`` the bias-corrected second moment after step ``k``."""
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    mhat, vhat = m / (1 - b1**k), v / (1 - b2**k)
+    return theta * (1 - lr * wd) - lr * mhat / (vhat.sqrt() + eps), m, v, vhat
+
+
+def _secant_lr(g_prev, g_now, delta, lr, kappa):
+    """d/h from the docstring's formulas: A = -<g_{t-1}, delta> + kappa, B = <g_t, delta>, d = A/lr,
+    h = (A + B)/lr^2; returns (d/h, d, h)."""
+    A = float(-(g_prev @ delta)) + kappa
+    B = float(g_now @ delta)
+    d, h = A / lr, (A + B) / lr**2
+    return d / h, d, h
+
+
+def test_noisy_adamw_gain_and_lr_at_steps_1_and_2_match_the_formula_by_hand():
+    """AdamW with V > 0: the noise gain j = (1-b1)/(1-b1^k) sum_i g_i^2/(sqrt(vhat_i)+eps) / |g|^2 and
+    kappa = -lr j V/N, computed here from the optimizer's definition (moments by hand, not read from
+    torch's state) after optimizer step k = 1 and k = 2; the lr the schedule sets is d/h with that kappa.
+    Step 2 is where the momentum's bias correction (1-b1)/(1-b1^2) != 1 and the second moment's history
+    enter; the noise-free lr and the lr without the correction both differ by more than the tolerance."""
+    b1, b2, eps, wd, lr0, V, n = 0.9, 0.999, 1e-8, 0.01, 0.03, 10.0, 4
+    H = torch.diag(torch.tensor([0.5, 2.0, 8.0, 1.0], dtype=torch.float64))
+    noise = [torch.tensor(x, dtype=torch.float64) for x in
+             ([0.3, -0.2, 0.1, 0.4], [-0.1, 0.3, -0.2, 0.2], [0.2, 0.1, 0.3, -0.3])]
+    theta0 = torch.tensor([1.0, -1.0, 0.3, 2.0], dtype=torch.float64)
+    p = torch.nn.Parameter(theta0.clone())
+    opt = torch.optim.AdamW([p], lr=lr0, betas=(b1, b2), eps=eps, weight_decay=wd)
+    ctl = make_lr_controller("auto", opt, lr=lr0, scale_ema=0.0, max_change=1e9, probe=1.0, confidence=0.0)
+
+    # by hand: the same three gradients, the same two optimizer steps
+    g0 = H @ theta0 + noise[0]
+    theta1, m, v, vhat1 = _adamw_by_hand(theta0, g0, torch.zeros(4, dtype=torch.float64),
+                                         torch.zeros(4, dtype=torch.float64), 1, lr0, b1, b2, eps, wd)
+    g1 = H @ theta1 + noise[1]
+    j1 = (1 - b1) / (1 - b1**1) * float((g0 * g0 / (vhat1.sqrt() + eps)).sum()) / float(g0 @ g0)
+    lr1, d1, h1 = _secant_lr(g0, g1, theta1 - theta0, lr0, -lr0 * j1 * V / n)
+    theta2, m, v, vhat2 = _adamw_by_hand(theta1, g1, m, v, 2, lr1, b1, b2, eps, wd)
+    g2 = H @ theta2 + noise[2]
+    j2 = (1 - b1) / (1 - b1**2) * float((g1 * g1 / (vhat2.sqrt() + eps)).sum()) / float(g1 @ g1)
+    lr2, d2, h2 = _secant_lr(g1, g2, theta2 - theta1, lr1, -lr1 * j2 * V / n)
+    assert d1 > 0 and h1 > 0 and d2 > 0 and h2 > 0  # d/h itself sets the lr (no keep/grow rule)
+
+    # the schedule, driven by the real optimizer
+    lrs = []
+    for t in range(3):
+        p.grad = H @ p.detach() + noise[t]
+        ctl.step(_stats(V, n))
+        lrs.append(ctl.get_last_lr()[0])
+        opt.step()
+        if t < 2:
+            assert torch.allclose(p.detach(), (theta1, theta2)[t], rtol=1e-12, atol=0)
+    assert lrs[0] == lr0
+    assert lrs[1] == pytest.approx(lr1, rel=1e-9)
+    assert lrs[2] == pytest.approx(lr2, rel=1e-9)
+    assert ctl.last["auto/kappa_share"] == pytest.approx(lr1 * j2 * V / n / float(-(g1 @ (theta2 - theta1))), rel=1e-9)
+
+    # the regime: the noise term and each factor of the gain move the lr far beyond the tolerance
+    assert abs(_secant_lr(g0, g1, theta1 - theta0, lr0, 0.0)[0] / lr1 - 1) > 0.05  # noise-free
+    assert abs(_secant_lr(g1, g2, theta2 - theta1, lr1, 0.0)[0] / lr2 - 1) > 0.05
+    j2_uncorrected = j2 * (1 - b1**2) / (1 - b1)  # without the momentum's bias correction at k = 2
+    assert abs(_secant_lr(g1, g2, theta2 - theta1, lr1, -lr1 * j2_uncorrected * V / n)[0] / lr2 - 1) > 0.05
+    assert abs(_secant_lr(g1, g2, theta2 - theta1, lr1, -lr1 * 1.0 * V / n)[0] / lr2 - 1) > 0.05  # SGD's gain
+
+
+def _uncapped(ctl, lr_before: float) -> bool:
+    """The last lr was d_low/h_high itself: both positive and strictly inside the max_change bounds."""
+    d, h = ctl.last.get("auto/d_low", 0.0), ctl.last.get("auto/h_high", 0.0)
+    return (d > 0 and h > 0 and lr_before / ctl.max_change < d / h < lr_before * ctl.max_change
+            and ctl.lr == pytest.approx(d / h, rel=1e-12))
+
+
+@pytest.mark.parametrize("opt_cls,start,confidence", [(torch.optim.SGD, 10.0, 0.0), (torch.optim.AdamW, 1.0, 1.0)],
+                         ids=["SGD", "AdamW"])
+def test_state_round_trip_where_d_and_h_set_the_lr(opt_cls, start, confidence):
+    """A restored controller continues with the lrs of the uninterrupted one on steps whose lr is d/h
+    itself (asserted: not capped by max_change, not the keep/grow rule), with noise on; a state without
+    the averages of d and h (or without their count) continues differently."""
+    from oblr.step_scale import EMPTY_AVERAGES
+
+    H = torch.diag(torch.tensor([0.1, 0.2, 0.3, 0.05], dtype=torch.float64))
+    gen = torch.Generator().manual_seed(0)
+    noise = [0.05 * torch.randn(4, generator=gen, dtype=torch.float64) for _ in range(12)]
+    lr0 = 2.0
+
+    def drive(p, opt, ctl, ts):
+        out = []
+        for t in ts:
+            p.grad = H @ p.detach() + noise[t]
+            before = ctl.lr
+            ctl.step(_stats(V=0.02, n=4))
+            out.append((ctl.get_last_lr()[0], t == 0 or _uncapped(ctl, before)))
+            opt.step()
+        return out
+
+    def restored(state):
+        q = torch.nn.Parameter(p.detach().clone())
+        opt2 = opt_cls([q], lr=1.0)
+        opt2.load_state_dict(copy.deepcopy(opt.state_dict()))
+        ctl2 = make_lr_controller("auto", opt2, lr=1.0)
+        ctl2.load_state_dict(copy.deepcopy(state))
+        return q, opt2, ctl2
+
+    p = torch.nn.Parameter(start * torch.tensor([1.0, -1.0, 0.5, 2.0], dtype=torch.float64))
+    opt = opt_cls([p], lr=lr0)
+    ctl = make_lr_controller("auto", opt, lr=lr0, scale_ema=0.7, max_change=3.0, probe=1.0, confidence=confidence)
+    first = drive(p, opt, ctl, range(6))
+    state = ctl.state_dict()
+    assert ctl.n_avg == 5 and ctl.avgs != EMPTY_AVERAGES
+    q, opt2, ctl2 = restored(state)
+    resumed = drive(q, opt2, ctl2, range(6, 12))
+    straight = drive(p, opt, ctl, range(6, 12))
+    assert resumed == straight
+    assert all(uncapped for _, uncapped in first[1:] + straight), (first, straight)  # the regime
+    assert len({lr for lr, _ in straight}) == len(straight)  # the lr moves every step
+    # without the averages (d and h of the earlier steps) or their count the continuation differs
+    for broken in ({**state, "avgs": EMPTY_AVERAGES, "n_avg": 0}, {**state, "avgs": EMPTY_AVERAGES},
+                   {**state, "n_avg": 1}):
+        q, opt2, ctl2 = restored(broken)
+        other = drive(q, opt2, ctl2, range(6, 12))
+        assert abs(other[0][0] / straight[0][0] - 1) > 1e-3, (other[0], straight[0])
+
+
+def test_clip_factor_kappa_matches_its_definition_and_sets_the_lr_with_clipping_active():
+    """grad_clip well below |g| (the trainer clips after ``step``): kappa must be E<xi, delta> of the
+    clipped step delta = -lr c g, c = grad_clip/|g|. Its definition is checked by Monte Carlo over the
+    noise xi (D = 400, so c barely varies between draws: the linearised value is exact to ~1/D), and the
+    schedule's kappa and lr against the formulas with that c; c = 1 (clipping ignored) or c from |g|^2
+    would move both far beyond the tolerance."""
+    D, sigma, lr, clip = 400, 0.05, 0.5, 0.2
+    gen = torch.Generator().manual_seed(7)
+    G = sigma * torch.randn(D, generator=gen, dtype=torch.float64)  # |G|^2 ~ D sigma^2: SNR about 1
+    noise_trace = D * sigma**2  # tr Cov of the batch gradient = V / N
+    n = 8
+    V = noise_trace * n
+
+    def clipped_step(g):
+        return -lr * min(1.0, clip / float(g.norm())) * g
+
+    xi = sigma * torch.randn(8000, D, generator=gen, dtype=torch.float64)
+    mc = torch.stack([xi[i] @ clipped_step(G + xi[i]) for i in range(len(xi))])
+    c_typical = clip / math.sqrt(float(G @ G) + noise_trace)
+    assert c_typical < 0.5  # clipping is active and strong
+    assert float(mc.mean()) == pytest.approx(-lr * c_typical * noise_trace, rel=0.01)  # E<xi, delta>
+
+    # the schedule on one draw: SGD, the trainer's order (lr step, then clip, then the optimizer)
+    Hd = torch.linspace(0.5, 2.0, D, dtype=torch.float64)
+    theta0 = G / Hd  # so that the true gradient at theta0 is G
+    p = torch.nn.Parameter(theta0.clone())
+    opt = torch.optim.SGD([p], lr=lr)
+    ctl = make_lr_controller("auto", opt, lr=lr, grad_clip=clip, scale_ema=0.0, max_change=1e9, probe=1.0,
+                             confidence=0.0)
+    g0 = Hd * theta0 + xi[0]
+    p.grad = g0.clone()
+    ctl.step(_stats(V, n))
+    torch.nn.utils.clip_grad_norm_([p], clip)
+    opt.step()
+    c0 = clip / float(g0.norm())
+    delta = p.detach() - theta0
+    assert torch.allclose(delta, -lr * c0 * g0, rtol=1e-6)
+    g1 = Hd * p.detach() + xi[1]
+    p.grad = g1.clone()
+    ctl.step(_stats(V, n))
+    a_raw = float(-(g0 @ delta))
+    kappa = -lr * c0 * V / n
+    assert kappa == pytest.approx(-lr * c_typical * noise_trace, rel=0.05)  # this draw's c is the typical one
+    assert -ctl.last["auto/kappa_share"] * a_raw == pytest.approx(kappa, rel=1e-9)
+    want, d, h = _secant_lr(g0, g1, delta, lr, kappa)
+    assert d > 0 and h > 0
+    assert ctl.get_last_lr()[0] == pytest.approx(want, rel=1e-9)
+    for wrong_c in (1.0, clip / float(g0 @ g0)):  # clipping ignored; c from |g|^2
+        assert abs(_secant_lr(g0, g1, delta, lr, -lr * wrong_c * V / n)[0] / want - 1) > 0.05

@@ -47,3 +47,51 @@ def test_rng_state_roundtrip():
     ckpt.set_rng_state(s)
     assert torch.equal(a, torch.rand(3))
 
+
+
+def _state_only_checkpoints(run, steps):
+    """Checkpoints of ``steps`` holding only a trainer state (enough for the fallback logic), all kept."""
+    for step in steps:
+        tmp = ckpt.begin_checkpoint(run, step)
+        ckpt.write_state(tmp, step, _state())
+        ckpt.commit_checkpoint(run, step, tmp, keep=len(steps))
+
+
+def _truncate(run, step):
+    f = run / "checkpoints" / f"step_{step:06d}" / ckpt.STATE_FILE
+    f.write_bytes(f.read_bytes()[:10])
+
+
+def test_fallback_among_four_checkpoints_takes_the_newest_intact_one_in_order(tmp_path):
+    """With four checkpoints the order of the candidates matters (with two it never does): the newest
+    damaged -> the second newest; the two newest damaged -> the third; never an older intact one first,
+    and the damaged ones are reported newest first."""
+    _state_only_checkpoints(tmp_path, [1, 2, 3, 4])
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+    assert names == ["step_000001", "step_000002", "step_000003", "step_000004"]
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000004"
+    warned = []
+    _truncate(tmp_path, 4)
+    assert ckpt.latest_checkpoint(tmp_path, warn=warned.append).name == "step_000003"
+    assert len(warned) == 1 and "step_000004 is damaged" in warned[0]
+    warned.clear()
+    _truncate(tmp_path, 3)
+    got = ckpt.latest_checkpoint(tmp_path, warn=warned.append)
+    assert got.name == "step_000002" and ckpt.load_trainer_state(got)["step"] == 2
+    assert ["step_000004" in warned[0], "step_000003" in warned[1]] == [True, True] and len(warned) == 2
+    _truncate(tmp_path, 2)
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000001"
+    _truncate(tmp_path, 1)
+    assert ckpt.latest_checkpoint(tmp_path) is None
+
+
+def test_fallback_when_latest_names_an_older_checkpoint_goes_on_newest_first(tmp_path):
+    """LATEST is tried first even when it is not the newest folder (e.g. a step re-saved); after it, the
+    others newest first: here LATEST = step 2 (damaged) -> step 4, not step 1 or 3."""
+    _state_only_checkpoints(tmp_path, [1, 2, 3, 4])
+    (tmp_path / "checkpoints" / "LATEST").write_text("step_000002\n")
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000002"
+    _truncate(tmp_path, 2)
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000004"
+    _truncate(tmp_path, 4)
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000003"
