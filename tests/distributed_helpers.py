@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from oblr.distributed import grad_sq_norm
-from oblr.snr import SNRLearningRate, signal_noise
+from oblr.snr import SNRLearningRate, snr_statistics
 from oblr.update import UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
 
 N, G, VOCAB = 4, 4, 61
@@ -73,14 +73,22 @@ def fixed_batch():
     return batch, rewards
 
 
-def _finish(params, opt, lr_ctrl, grad_sq, S, V, sc: Scenario, clip):
+def _finish(params, opt, lr_ctrl, grad_sq, stats, sc: Scenario, clip):
     if lr_ctrl is not None:
-        lr_ctrl.step(S, V, N)
+        lr_ctrl.step(stats.S, stats.V, stats.n)  # the step's own N, as the trainer's controller gets it
     grads = [p.grad.detach().clone() for p in params]
     if sc.grad_clip > 0:
         clip(params, sc.grad_clip, grad_sq)
     opt.step()
     return grads
+
+
+def _stat_values(st, n_prompts: int) -> dict:
+    """The step's statistics as values to compare: S, V, SNR, the unclamped signal, the N they were made
+    with (the stats' own and the step's prompt count); None when the step needs no SNR."""
+    if st is None:
+        return {"S": None, "V": None, "snr": None, "signal": None, "n": None, "n_prompts": n_prompts}
+    return {"S": st.S, "V": st.V, "snr": st.snr, "signal": st.signal, "n": st.n, "n_prompts": n_prompts}
 
 
 def _torch_clip(params, max_norm, grad_sq):
@@ -101,11 +109,11 @@ def one_process_step(model, ref_model, sc: Scenario, micro_batch_groups: int | N
     opt.zero_grad(set_to_none=True)
     res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=ref_model)
     grad_sq = grad_sq_norm(params)  # float64 accumulation of float32 per-parameter sums
-    S = V = snr = None
+    st = None
     if res.per_prompt_sq_norms is not None:
-        S, V, snr = signal_noise(res.per_prompt_sq_norms.double(), grad_sq, N)
-    grads = _finish(params, opt, lr_ctrl, grad_sq, S, V, sc, _torch_clip)
-    out = {"grads": grads, "grad_sq": grad_sq, "S": S, "V": V, "snr": snr, "lr": opt.param_groups[0]["lr"],
+        st = snr_statistics(res.per_prompt_sq_norms.double(), grad_sq, N)
+    grads = _finish(params, opt, lr_ctrl, grad_sq, st, sc, _torch_clip)
+    out = {"grads": grads, "grad_sq": grad_sq, **_stat_values(st, N), "lr": opt.param_groups[0]["lr"],
            "gks": res.per_prompt_sq_norms, "metrics": {k: float(v) for k, v in res.metrics.items()}}
     if sc.epochs > 1:
         opt.zero_grad(set_to_none=True)
@@ -129,10 +137,13 @@ def data_parallel_step(model, ref_model, sc: Scenario, parallel, rank: int, worl
     lr_ctrl = SNRLearningRate(opt, eta_max=0.5) if sc.need_snr else None
     opt.zero_grad(set_to_none=True)
     up = data_parallel_gradient(model, batch, rewards, sc.settings(), parallel, ref_model=ref_model)
-    grads = _finish(params, opt, lr_ctrl, up.grad_sq, up.S, up.V, sc, clip_grads_)
-    out = {"grads": grads, "grad_sq": up.grad_sq, "S": up.S, "V": up.V, "snr": up.snr,
-           "lr": opt.param_groups[0]["lr"], "gks": up.update.per_prompt_sq_norms,
-           "metrics": {k: float(v) for k, v in up.update.metrics.items()}}
+    st = up.update.snr
+    grads = _finish(params, opt, lr_ctrl, up.grad_sq, st, sc, clip_grads_)
+    out = {"grads": grads, "grad_sq": up.grad_sq, **_stat_values(st, up.n_prompts), "lr": opt.param_groups[0]["lr"],
+           "gks": up.update.per_prompt_sq_norms, "metrics": {k: float(v) for k, v in up.update.metrics.items()},
+           "update_grad_sq": up.update.grad_sq_norm,
+           # the DataParallelUpdate's own S, V, SNR are those of its SNRStats
+           "fields_agree": st is None or all(bool(a == b) for a, b in zip((st.S, st.V, st.snr), (up.S, up.V, up.snr)))}
     if sc.epochs > 1:
         opt.zero_grad(set_to_none=True)
         data_parallel_clipped_gradient(model, batch, up.update, sc.settings(), parallel, up.totals)

@@ -4,8 +4,9 @@ The worker (``tests/distributed_worker.py``) runs every scenario of ``distribute
 ddp and fsdp; book-keeping (oblr + SNR) and plain (grpo) paths; whole-batch and micro-batched; with a KL
 term and a second clipped epoch; gradient clipping; buckets small enough to need several collectives --
 on its rank's half of a fixed batch. Here the same step runs in this process on the whole batch, and
-gradients, parameter updates, per-prompt norms, S, V, SNR and the learning rate must agree within 1e-5
-relative. Metrics that are not sums or means (stds) are compared with the one-process step whose
+gradients, parameter updates, per-prompt norms, ||gbar||^2, S, V, SNR, the unclamped signal and the
+learning rate must agree by value within 1e-5 relative, and the N the statistics carry (which the lr
+controller uses) must be the global prompt count. Metrics that are not sums or means (stds) are compared with the one-process step whose
 micro-batches are the ranks' halves (a rank counts as a micro-batch, docs/distributed.md).
 """
 
@@ -63,13 +64,20 @@ def test_two_process_step_equals_one_process_step(worker_results, sc):
     assert max(_rel(a - s, b - s) for a, b, s in zip(got["params"], ref["params"], start)) < 10 * RTOL
     assert _rel(got["grad_sq"], ref["grad_sq"]) < RTOL
     assert abs(got["lr"] - ref["lr"]) <= RTOL * ref["lr"]
+    assert got["n_prompts"] == ref["n_prompts"] == N  # the global prompt count, not a rank's N/2
+    assert _rel(got["update_grad_sq"], ref["grad_sq"]) < RTOL  # the update's own ||gbar||^2 is the global one
     if sc.need_snr:
         assert got["gks"].shape == (N,) and _rel(got["gks"], ref["gks"]) < RTOL
-        for k in ("S", "V", "snr"):
+        for k in ("S", "V", "snr", "signal"):  # by value; the unclamped signal is what the EMA averages
             assert float(ref[k]) > 0 and abs(float(got[k]) - float(ref[k])) <= RTOL * float(ref[k]), k
+        assert got["n"] == ref["n"] == N  # the N of S/(S+V/N), which the lr controller reads from the stats
+        assert got["fields_agree"]
         assert ref["lr"] < 0.5  # the SNR rule did set it
+        # the regime: with a rank's N/2 in the factor the lr would differ beyond the tolerance
+        S, V = float(ref["S"]), float(ref["V"])
+        assert abs(S / (S + V / (N // 2)) / (S / (S + V / N)) - 1) > 100 * RTOL
     else:
-        assert got["gks"] is None and got["S"] is None
+        assert got["gks"] is None and got["S"] is None and got["n"] is None
 
 
 @pytest.mark.parametrize("sc", SCENARIOS, ids=lambda s: s.name)
