@@ -1,5 +1,6 @@
 """OBLRGRPOTrainer's learning rate: every step's ``oblr/lr`` recomputed by an independent controller from the
-logged unclamped signal and V and the configured N, with a noisy reward (the regime where clamping before the
+logged unclamped signal and V and the configured N (the generation batch's prompts, here twice a per-device
+batch's: gradient accumulation 2), with a noisy reward (the regime where clamping before the
 EMA changes the lr); the ``auto`` schedule (``learning_rate="auto"``) runs in TRL with its probe and its
 bounded changes."""
 
@@ -14,7 +15,9 @@ from oblr.step_scale import AutoStepSchedule  # noqa: E402
 
 from .trl_helpers import make_trainer  # noqa: E402
 
-ETA_MAX, EMA, G, ROWS = 1e-3, 0.9, 4, 12  # 3 prompts of 4 completions per optimizer step
+# per optimizer step: one generation batch of 4 prompts x 4 completions, folded in 2 chunks of 8 rows, so the
+# N of S/(S + V/N) (the generation batch's prompts) differs from a chunk's (a per-device batch's) 2 prompts
+ETA_MAX, EMA, G, ROWS, GA = 1e-3, 0.9, 4, 8, 2
 
 
 def noisy_reward(prompts, completions, **kwargs) -> list[float]:
@@ -40,11 +43,12 @@ def _independent_lrs(rows, n: int) -> list[float]:
 def test_trl_lr_is_the_snr_rule_on_the_logged_unclamped_statistics(trl_model, tmp_path):
     model, tok = load_model_and_tokenizer(trl_model)
     trainer = make_trainer(model, tok, tmp_path, reward=noisy_reward, per_device_train_batch_size=ROWS,
-                           num_generations=G, max_steps=8, learning_rate=ETA_MAX, oblr_snr_ema=EMA)
+                           gradient_accumulation_steps=GA, num_generations=G, max_steps=8, learning_rate=ETA_MAX,
+                           oblr_snr_ema=EMA)
     trainer.train()
     rows = [r for r in trainer.state.log_history if "oblr/lr" in r]
     assert len(rows) == 8
-    n = ROWS // G
+    n = ROWS * GA // G  # the prompts of one optimizer step, not of one per-device batch
     assert all(r["oblr/n"] == n for r in rows)
     signals = [r["oblr/signal"] for r in rows]
     assert min(signals) < 0 < max(signals), f"need steps with negative and positive signal, got {signals}"

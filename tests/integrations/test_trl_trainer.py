@@ -54,6 +54,7 @@ def _check_round_against_reference(batch, res, grad, reference_model, G, tempera
     assert rel_err(res.advantages, adv) < 1e-4
     grad_ref = (-adv.reshape(-1, 1) * c[:, None] * s).sum(0)  # the folded gradient sum_i -A_i c_i s_i
     assert rel_err(grad, grad_ref) < 1e-4
+    return s, c, adv
 
 
 def test_full_finetuning_weights_and_gradient_match_one_at_a_time_reference(full_run):
@@ -61,8 +62,25 @@ def test_full_finetuning_weights_and_gradient_match_one_at_a_time_reference(full
     assert len(full_run.rounds) == 2 and len(full_run.grads) == 2
     batch, res = full_run.rounds[0]  # the first generation batch, scored by the initial weights
     assert batch.input_ids.shape[0] == 16 and res.group_sq_norms.shape == (4,)  # GA 2: two chunks of 2 groups
-    _check_round_against_reference(batch, res, full_run.grads[0], full_run.reference, trainer.num_generations,
-                                   temperature=0.7)
+    s, c, adv = _check_round_against_reference(batch, res, full_run.grads[0], full_run.reference,
+                                               trainer.num_generations, temperature=0.7)
+    # S, V, N and the lr of the first step by value, from the reference's per-prompt gradients: N is the
+    # generation batch's 4 prompts, not a chunk's (per-device batch's) 2, and S/(S + V/N) is written out here
+    G = trainer.num_generations
+    N = batch.input_ids.shape[0] // G
+    contrib = -adv.reshape(-1, 1) * c[:, None] * s
+    gbar = contrib.sum(0)
+    g_k = N * contrib.view(N, G, -1).sum(1)  # per-prompt estimates, mean_k g_k = gbar
+    gk_sq, gbar_sq = g_k.pow(2).sum(-1), gbar.pow(2).sum()
+    V = float((gk_sq.sum() - N * gbar_sq) / (N - 1))
+    signal = float(gbar_sq) - V / N
+    logs = trainer.state.log_history[0]
+    assert logs["oblr/n"] == N == 4 and signal > 0 and V > 0
+    assert logs["oblr/V"] == pytest.approx(V, rel=1e-4)
+    assert logs["oblr/signal"] == pytest.approx(signal, rel=1e-4)
+    # step 1: the bias-corrected EMA of one value is that value
+    assert logs["oblr/lr"] == pytest.approx(1e-3 * signal / (signal + V / N), rel=1e-4)
+    assert abs(signal / (signal + V / (N // 2)) / (signal / (signal + V / N)) - 1) > 1e-2  # N matters here
     for logs in trainer.state.log_history[:2]:
         for key in ("oblr/S", "oblr/V", "oblr/snr", "oblr/lr", "oblr/w_mean", "oblr/fallback_count"):
             assert key in logs
