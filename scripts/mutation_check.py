@@ -1,16 +1,26 @@
 """Plant one realistic bug at a time in a scratch copy of the repository and run the suite on it.
 
     python scripts/mutation_check.py REPO_DIR PYTHON [NAME ...]     # -> mutation_results.jsonl (appended)
+    python scripts/mutation_check.py REPO_DIR PYTHON --match kappa  # the mutations whose name contains a word
+    python scripts/mutation_check.py REPO_DIR PYTHON --no-suite ... # likely tests only, never the whole suite
+    python scripts/mutation_check.py REPO_DIR PYTHON --own-tests ...# only each mutation's own likely tests
+    python scripts/mutation_check.py --list                         # the mutations' names
     python scripts/mutation_check.py --table mutation_results.jsonl # the markdown table of docs/testing.md
 
 Each mutation is an exact text replacement that must match once (a SKIP line says when the code moved).
-The likely tests run first (``-x``); the whole suite runs only when they all pass, so a mutation that
-survives costs one full suite. A mutation is caught when pytest fails; the first failing test is recorded.
+The mutation's own likely tests run first, then the common likely tests (``-x`` each); the whole suite runs
+only when they all pass, so a mutation that survives costs one full suite (``--no-suite`` records it as not
+caught by the likely tests instead). A mutation is caught when pytest fails; the first failing test is
+recorded. The scratch copy is a fresh temporary folder per mutation; the tests read the benchmark data from
+``$OBLR_DATA_DIR`` if set, else from ``shared/data`` beside REPO_DIR (where ``oblr.tasks.loaders`` looks).
 """
+import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,6 +70,28 @@ M = [
      "r_mb, rm_mb, c_mb = rewards[k0:k1], rmf[rows], sequence_scale(rmf[rows], settings.aggregation, max_len=settings.max_len)"),
     ("optimizer state not restored on resume", "checkpointed optimizer state", "src/oblr/train/trainer.py",
      'state = {"optimizer": self.optimizer.state_dict(),', 'state = {"optimizer": type(self.optimizer)(self.model.parameters(), lr=1.0).state_dict(),'),
+    # issue 23: the regimes where the number matters (noise on, state that decides the lr, clipping active,
+    # three or more checkpoints, values across ranks, N of a generation batch); each with its likely tests
+    ("Adam noise gain without its momentum factor (1-b1)/(1-b1^k)", "auto lr: AdamW noise gain (k >= 2)",
+     "src/oblr/step_scale.py",
+     "return (1 - b1) / (1 - b1**k) * float(total) / g_prev_sq", "return float(total) / g_prev_sq",
+     ["tests/core/test_step_scale.py"]),
+    ("auto schedule state without the d/h averages", "auto lr controller state", "src/oblr/step_scale.py",
+     '"t", "prev", "avgs", "confidence",', '"t", "prev", "confidence",', ["tests/core/test_step_scale.py"]),
+    ("clip factor from the squared norm in kappa", "auto lr: kappa with clipping", "src/oblr/step_scale.py",
+     "clip = min(1.0, self.grad_clip / math.sqrt(g_sq))", "clip = min(1.0, self.grad_clip / g_sq)",
+     ["tests/core/test_step_scale.py"]),
+    ("checkpoint candidates oldest first after LATEST", "checkpoint fallback order", "src/oblr/train/checkpoint.py",
+     'candidates = sorted((p for p in ckpt_root.glob("step_*") if p.is_dir()), reverse=True)',
+     'candidates = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())',
+     ["tests/train/test_checkpoint.py", "tests/faults/test_damaged_files.py"]),
+    ("distributed SNR stats carry a rank's N", "N of the distributed statistics", "src/oblr/distributed/step.py",
+     "stats = SNRStats(*vals[:4].unbind(), n=N)", "stats = SNRStats(*vals[:4].unbind(), n=n_local)",
+     ["tests/distributed/test_distributed_step.py"]),
+    ("TRL N from the per-device batch, not the generation batch", "TRL lr: N", "src/oblr/integrations/trl/trainer.py",
+     "n_prompts=self.args.generation_batch_size // self.num_generations,",
+     "n_prompts=self.args.per_device_train_batch_size // self.num_generations,",
+     ["tests/integrations/test_trl_schedule.py", "tests/integrations/test_trl_trainer.py"]),
 ]
 
 FIRST = ["tests/core", "tests/train/test_train_signal.py", "tests/train/test_training_variants.py", "tests/gradnorm"]
@@ -70,44 +102,98 @@ def table(path: str) -> str:
     out = ["| planted bug | quantity | caught by (first failing test) |", "|---|---|---|"]
     for r in rows:
         by = f"`{r['by'][0]}`" if r["by"] else ("caught (no test name)" if r["caught"] else "**NOT caught**")
-        out.append(f"| {r['name']} (`{r['file']}`) | {r['quantity']} | {by} |")
+        if not r["caught"] and r.get("scope"):
+            by += f" ({r['scope']})"
+        cells = [f"{r['name']} (`{r['file']}`)", r["quantity"], by]
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(out)
 
 
-def main():
-    if sys.argv[1] == "--table":
-        print(table(sys.argv[2]))
-        return
-    repo, py = Path(sys.argv[1]), sys.argv[2]
-    only = set(sys.argv[3:])
-    out = Path.cwd() / "mutation_results.jsonl"
-    for name, qty, rel, old, new in M:
-        if only and name not in only:
-            continue
-        work = Path("/tmp/mut-work")
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.copytree(repo, work, ignore=shutil.ignore_patterns(".venv*", ".git", "runs", "__pycache__", ".whl"))
+def _env(work: Path, data_dir: Path, home: Path) -> dict:
+    """The tests' environment: this one's PATH and locale, the scratch copy's ``src`` first on the path, a
+    scratch HOME, one thread, the data folder."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR")}
+    env.setdefault("PATH", os.defpath)
+    env.update({"PYTHONPATH": str(work / "src"), "HOME": str(home), "OMP_NUM_THREADS": "1",
+                "OBLR_DATA_DIR": str(data_dir)})
+    return env
+
+
+def run_one(repo: Path, py: str, mutation, *, data_dir: Path, suite: bool, common: bool = True) -> dict | None:
+    """Plant ``mutation`` in a scratch copy of ``repo`` and run its likely tests, the common ones, and (with
+    ``suite``) the whole suite until one fails. Returns the record, or None when the pattern does not match."""
+    name, qty, rel, old, new, *likely = mutation
+    likely = likely[0] if likely else []
+    with tempfile.TemporaryDirectory(prefix="oblr-mutation-") as scratch:
+        work = Path(scratch) / "repo"
+        shutil.copytree(repo, work, ignore=shutil.ignore_patterns(".venv*", ".git", "runs", "__pycache__", "*.whl",
+                                                                   "mutation_results.jsonl"))
         f = work / rel
         text = f.read_text()
         if text.count(old) != 1:
             print(f"SKIP {name}: pattern found {text.count(old)} times in {rel}", flush=True)
-            continue
+            return None
         f.write_text(text.replace(old, new))
-        first = [p for p in FIRST if (work / p).exists()]
+        home = Path(scratch) / "home"
+        home.mkdir()
+        env = _env(work, data_dir, home)
+        first = [p for p in dict.fromkeys(likely + (FIRST if common else [])) if (work / p).exists()]
         t0 = time.time()
-        env = {"PYTHONPATH": str(work / "src"), "PATH": "/usr/bin:/bin", "HOME": "/root", "OMP_NUM_THREADS": "1",
-               "OBLR_DATA_DIR": "/work/shared/data"}
+        stages = [[p] for p in first] + ([["tests"]] if suite else [])  # likely tests first, one file at a time
         r = None
-        for targets in (first, ["tests"]):  # the likely tests first; the whole suite only if they pass
+        for targets in stages:
             r = subprocess.run([py, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-W", "ignore", *targets],
                                cwd=work, capture_output=True, text=True, env=env)
             if r.returncode != 0:
                 break
-        caught = [ln.split(" ")[1] for ln in r.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
-        rec = {"name": name, "quantity": qty, "file": rel, "caught": bool(caught) or r.returncode != 0,
-               "by": caught[:1], "rc": r.returncode, "seconds": round(time.time() - t0)}
-        if r.returncode == 0:
-            rec["by"] = []
+    caught = [ln.split(" ")[1] for ln in r.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
+    rec = {"name": name, "quantity": qty, "file": rel, "caught": r.returncode != 0,
+           "by": caught[:1] if r.returncode != 0 else [], "rc": r.returncode, "seconds": round(time.time() - t0)}
+    if not suite and r.returncode == 0:
+        rec["scope"] = "likely tests only" if common else "its own likely tests only"
+    if r.returncode not in (0, 1):  # not a test failure: collection error, crash, usage error
+        rec["tail"] = (r.stdout + r.stderr)[-600:]
+    return rec
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("repo", nargs="?", help="the repository to copy (its working tree)")
+    ap.add_argument("python", nargs="?", help="the Python that runs pytest (with oblr's dependencies)")
+    ap.add_argument("names", nargs="*", help="run only the mutations with these exact names")
+    ap.add_argument("--match", action="append", default=[], help="run only mutations whose name contains this")
+    ap.add_argument("--no-suite", action="store_true", help="never fall back to the whole suite")
+    ap.add_argument("--own-tests", action="store_true",
+                    help="run only each mutation's own likely tests (implies --no-suite)")
+    ap.add_argument("--out", default="mutation_results.jsonl", help="the jsonl to append to (default ./%(default)s)")
+    ap.add_argument("--list", action="store_true", help="print the mutations' names and exit")
+    ap.add_argument("--table", metavar="JSONL", help="print the markdown table of a results file and exit")
+    a = ap.parse_intermixed_args(argv)
+    if a.table:
+        print(table(a.table))
+        return
+    if a.list:
+        for m in M:
+            print(m[0])
+        return
+    if not (a.repo and a.python):
+        ap.error("REPO_DIR and PYTHON are required")
+    repo = Path(a.repo).resolve()
+    known = {m[0] for m in M}
+    unknown = [n for n in a.names if n not in known]
+    if unknown:
+        ap.error(f"unknown mutation name(s) {unknown}; see --list")
+    chosen = [m for m in M if (not a.names or m[0] in a.names)
+              and (not a.match or any(w.lower() in m[0].lower() for w in a.match))]
+    if not chosen:
+        ap.error("no mutation selected")
+    data_dir = Path(os.environ.get("OBLR_DATA_DIR") or repo.parent / "shared" / "data")
+    out = Path(a.out)
+    for m in chosen:
+        rec = run_one(repo, a.python, m, data_dir=data_dir, suite=not (a.no_suite or a.own_tests),
+                      common=not a.own_tests)
+        if rec is None:
+            continue
         print(json.dumps(rec), flush=True)
         with open(out, "a") as fh:
             fh.write(json.dumps(rec) + "\n")
