@@ -69,7 +69,9 @@ M = [
      "r_mb, rm_mb, c_mb = rewards[k0:k1], rmf[rows], scale[rows]",
      "r_mb, rm_mb, c_mb = rewards[k0:k1], rmf[rows], sequence_scale(rmf[rows], settings.aggregation, max_len=settings.max_len)"),
     ("optimizer state not restored on resume", "checkpointed optimizer state", "src/oblr/train/trainer.py",
-     'state = {"optimizer": self.optimizer.state_dict(),', 'state = {"optimizer": type(self.optimizer)(self.model.parameters(), lr=1.0).state_dict(),'),
+     '{**state, "optimizer": self.optimizer.state_dict()}',
+     '{**state, "optimizer": type(self.optimizer)(self.model.parameters(), lr=1.0).state_dict()}',
+     ["tests/train/test_train_signal.py"]),
     # issue 23: the regimes where the number matters (noise on, state that decides the lr, clipping active,
     # three or more checkpoints, values across ranks, N of a generation batch); each with its likely tests
     ("Adam noise gain without its momentum factor (1-b1)/(1-b1^k)", "auto lr: AdamW noise gain (k >= 2)",
