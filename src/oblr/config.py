@@ -7,7 +7,7 @@ registry (or table) its choices come from (``opt(..., choices="module:NAME")``),
 validation errors and ``oblr tasks`` list the same names, and a name registered by user code
 (``oblr train --plugin MODULE``) is accepted without editing this module. Every numeric key declares its
 :class:`Range` beside its field (``opt(..., range=Range(...))``); a value must also be finite. The
-dict-valued keys ``task.options``, ``algorithm.baseline_options`` and ``rollout.engine_options`` are
+dict-valued keys ``task.options``, ``algorithm.baseline_options``, ``algorithm.schedule_options`` and ``rollout.engine_options`` are
 checked against the signature of the registered task, estimator or engine (:func:`check_options`):
 option names, simple types, ``Literal`` choices and ``Annotated[..., Range(...)]`` ranges, so a plugin's
 options are checked the same way. YAML is read through :mod:`oblr.safe_load` (alias bombs and deep
@@ -128,6 +128,12 @@ class RolloutConfig:
                                options_of="engine", reserved={"batch_size": "set rollout.batch_size instead"})
 
 
+#: schedule arguments oblr sets from other keys (not settable in algorithm.schedule_options)
+SCHEDULE_RESERVED = {"optimizer": "oblr passes the optimizer", "lr": "set optim.lr", "eta_min": "set optim.eta_min",
+                     "warmup_steps": "set optim.warmup_steps", "total_steps": "set train.steps",
+                     "ema": "set optim.snr_ema", "grad_clip": "set optim.grad_clip"}
+
+
 @dataclass
 class AlgorithmConfig:
     baseline: str = opt("oblr", "baseline/advantage estimator", choices="oblr.estimators:ESTIMATORS")
@@ -137,6 +143,9 @@ class AlgorithmConfig:
     max_len: int = opt(0, "the constant of seq_sum_const (0 = rollout.max_new_tokens)", range=COUNT0)
     baseline_options: dict = opt({}, "extra options of the estimator, e.g. {scale_std: false} for grpo",
                                  options_of="baseline")
+    schedule_options: dict = opt({}, "options of the lr schedule beyond the optim keys, e.g. {max_change: 2, probe: "
+                                      "0.05} for auto (docs/algorithm.md); checked against the schedule's signature",
+                                 options_of="lr_schedule", reserved=SCHEDULE_RESERVED)
     epochs: int = opt(1, "policy updates per batch of rollouts (>1 uses importance ratios and clipping)",
                       range=Range(ge=1, le=1000))
     clip_eps: float = opt(0.2, "PPO clip range for epochs > 1", range=Range(gt=0, le=1))

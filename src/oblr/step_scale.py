@@ -34,9 +34,11 @@ a few fused passes over them per step; no extra forward or backward. docs/algori
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 
+from oblr.config import Range
 from oblr.registry import Registry
 from oblr.schedules import register_schedule
 from oblr.snr import SNRStats
@@ -168,7 +170,10 @@ class AutoStepSchedule:
     needs_snr = True
 
     def __init__(self, optimizer, *, lr, eta_min=0.0, warmup_steps=0, total_steps=1, ema=0.0, grad_clip=0.0,
-                 max_change: float = 1.1, scale_ema: float = 0.98, probe: float = 0.01, confidence: float = 1.0):
+                 max_change: Annotated[float, Range(ge=1, le=1e6)] = 1.1,
+                 scale_ema: Annotated[float, Range(ge=0, lt=1)] = 0.98,
+                 probe: Annotated[float, Range(gt=0, le=1)] = 0.01,
+                 confidence: Annotated[float, Range(ge=0, le=100)] = 1.0):
         name = type(optimizer).__name__
         self.gain = NOISE_GAINS.get(name)
         self.optimizer = optimizer

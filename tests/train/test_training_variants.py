@@ -68,3 +68,22 @@ def test_epochs_above_one_use_the_clipped_loss(small_builtin, tmp_path):
     for r in rows:
         assert 0 <= r["actor/clip_frac"] <= 1 and r["actor/ratio_mean"] > 0 and r["optim/skipped"] == 0
         assert math.isfinite(r["actor/pg_loss"]) and r["actor/kl"] >= 0
+
+
+def test_auto_schedule_options_come_from_the_config_and_the_clip_factor_reaches_kappa(small_builtin, tmp_path):
+    """``algorithm.schedule_options`` reaches the auto schedule (the probe sets step 1's lr), and with SGD (noise
+    gain exactly 1) and clipping active the noise bias the trainer's schedule used at step 2 is
+    ``kappa = -lr_1 c V_1 / N`` with ``c = optim.grad_clip / |g_1|`` -- recovered from the logged d and
+    kappa share. A trainer that did not pass optim.grad_clip to the schedule would use c = 1."""
+    rows = _train(small_builtin, tmp_path / "run", "optim.optimizer=sgd", "optim.lr=0.5", "algorithm.lr_schedule=auto",
+                  "optim.grad_clip=0.02", "algorithm.schedule_options={probe: 0.2, max_change: 1000000, "
+                  "scale_ema: 0, confidence: 0}", steps=2)
+    r1, r2 = rows
+    assert r1["optim/lr"] == pytest.approx(0.5 * 0.2)
+    c = 0.02 / r1["optim/grad_norm"]
+    assert c < 0.5, "clipping must be active for this test to mean anything"
+    kappa_expected = -r1["optim/lr"] * c * r1["snr/V"] / 4
+    d, share = r2["auto/d"], r2["auto/kappa_share"]
+    kappa_logged = d * r1["optim/lr"] / (1 - 1 / share)
+    assert kappa_logged == pytest.approx(kappa_expected, rel=1e-4)
+    assert kappa_logged != pytest.approx(kappa_expected / c, rel=1e-2)  # c = 1 is told apart

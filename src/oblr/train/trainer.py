@@ -139,7 +139,7 @@ class Trainer:
         self.optimizer = make_optimizer(o.optimizer, [p for p in self.model.parameters() if p.requires_grad], o)
         self.lr_ctrl = make_lr_controller(cfg.algorithm.lr_schedule, self.optimizer, lr=o.lr, eta_min=o.eta_min,
                                           warmup_steps=o.warmup_steps, total_steps=cfg.train.steps, ema=o.snr_ema,
-                                          grad_clip=o.grad_clip)
+                                          grad_clip=o.grad_clip, **cfg.algorithm.schedule_options)
         self.settings = UpdateSettings.from_config(cfg, schedule_needs_snr=self.lr_ctrl.needs_snr)
         self.start_step = 0
         self.history: dict = {"eval": []}
