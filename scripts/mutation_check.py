@@ -97,6 +97,9 @@ M = [
      "n_prompts=self.args.generation_batch_size // self.num_generations,",
      "n_prompts=self.args.per_device_train_batch_size // self.num_generations,",
      ["tests/integrations/test_trl_schedule.py", "tests/integrations/test_trl_trainer.py"]),
+    ("trainer does not pass optim.grad_clip to the schedule", "auto lr with clipping (trainer)",
+     "src/oblr/train/trainer.py", "grad_clip=o.grad_clip, **cfg.algorithm.schedule_options)",
+     "**cfg.algorithm.schedule_options)", ["tests/train/test_training_variants.py"]),
 ]
 
 FIRST = ["tests/core", "tests/train/test_train_signal.py", "tests/train/test_training_variants.py", "tests/gradnorm"]
