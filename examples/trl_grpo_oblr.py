@@ -36,7 +36,9 @@ def parse_args(argv=None):
     p.add_argument("--num-generations", type=int, default=8)
     p.add_argument("--max-completion-length", type=int, default=32)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--eval-problems", type=int, default=100, help="held-out problems (x4 samples); 0 = skip")
+    p.add_argument("--eval-problems", type=int, default=200,
+                   help="held-out problems (x4 samples; oblr train's default); 0 = skip")
+    p.add_argument("--beta2", type=float, default=0.99, help="AdamW beta2 (oblr train's default; TRL's is 0.999)")
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (peft) instead of all weights")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
     p.add_argument("--vllm", choices=["colocate", "server"], default=None,
@@ -66,11 +68,11 @@ def main(argv=None) -> dict:
         output_dir=a.output_dir, per_device_train_batch_size=rows // world, num_generations=a.num_generations,
         max_completion_length=a.max_completion_length, temperature=a.temperature, learning_rate=a.lr,
         oblr_baseline=a.baseline, oblr_snr_lr=not a.no_snr_lr, max_steps=a.max_steps, logging_steps=1,
-        save_strategy="no", report_to=[], seed=a.seed, bf16=a.bf16, use_cpu=cpu, disable_tqdm=True,
+        save_strategy="no", report_to=[], seed=a.seed, bf16=a.bf16, use_cpu=cpu, disable_tqdm=True, adam_beta2=a.beta2,
         ddp_backend="gloo" if cpu and world > 1 else None,
         **(dict(use_vllm=True, vllm_mode=a.vllm) if a.vllm else {}))
     model, tokenizer = load_model_and_tokenizer(a.model)
-    task = get_task("arithmetic", seed=a.seed)
+    task = get_task("arithmetic")  # the same train/held-out split as `oblr train`; --seed moves the sampling only
     peft_config = None
     if a.lora:
         from peft import LoraConfig
