@@ -1,7 +1,7 @@
 """An independent reference for one training step (shared by core/test_update_reference.py and
 train/test_train_signal.py).
 
-Written from the definitions in SPEC.md and docs/algorithm.md, sharing no code with :mod:`oblr.update`,
+Written from the definitions in docs/spec.md and docs/algorithm.md, sharing no code with :mod:`oblr.update`,
 :mod:`oblr.estimators`, :mod:`oblr.losses`, :mod:`oblr.snr` or :mod:`oblr.schedules`: per-sequence gradients
 from one autograd backward per sequence (:func:`oblr.gradnorm.loop_per_sequence_grads`), then by hand the
 aggregation factors c_i, the weights w_i = c_i^2 ||s_i||^2, the advantages, the gradient

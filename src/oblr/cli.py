@@ -129,7 +129,8 @@ def _cmd_tasks(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oblr", description="OBLR-PO: RL post-training of LLMs with verifiable "
-                                     "rewards, with an exact variance-optimal baseline and an SNR learning rate.")
+                                     "rewards: a gradient-weighted leave-one-out baseline from exact per-sequence "
+                                     "gradient norms and a learning rate set by the gradient SNR.")
     parser.add_argument("--version", action="version", version=f"oblr {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _train_parser(sub)

@@ -129,3 +129,97 @@ def test_evaluate_greedy_on_builtin_model(small_builtin):
     res = evaluate(model, tok, "aime25", limit=2, max_new_tokens=4, show_progress=False, stream=io.StringIO())
     assert set(res["aime25"]) >= {"pass@1", "response_length_mean", "truncated_share"}
     assert "maj@1" not in res["aime25"]
+
+
+# ------------------------------------------------------------------------------------ run folders as --model
+def _fake_checkpoint(run, step, *, state=True, model=True):
+    d = run / "checkpoints" / f"step_{step:06d}"
+    d.mkdir(parents=True)
+    if state:
+        (d / "trainer_state.pt").write_bytes(b"x")
+    if model:
+        (d / "config.json").write_text("{}")
+    return d
+
+
+def test_model_arg_takes_a_run_folders_newest_intact_checkpoint(tmp_path, capsys):
+    from oblr.evaluate import resolve_model_arg
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("task: {name: arithmetic, options: {n_eval: 7}, eval_size: 5}\n")
+    _fake_checkpoint(run, 10)
+    _fake_checkpoint(run, 20, state=False)  # damaged (no trainer state): passed over with a warning
+    path, cfg = resolve_model_arg(str(run))
+    assert path == str(run / "checkpoints" / "step_000010") and cfg["task"]["options"] == {"n_eval": 7}
+    assert "step_000020 is damaged" in capsys.readouterr().err
+    # a model folder (a checkpoint is one), builtin, a hub id: passed on as they are
+    for m in (str(run / "checkpoints" / "step_000010"), "builtin", "org/name", str(tmp_path / "missing")):
+        assert resolve_model_arg(m) == (m, None)
+
+
+@pytest.mark.parametrize("layout, msg", [
+    ("other", "neither a saved model (no config.json) nor an oblr run folder (config.yaml + checkpoints/step_N)"),
+    ("no_checkpoints", "an oblr run folder without checkpoints/"),
+    ("damaged_only", "run folder with no complete checkpoint under"),
+    ("lora", "holds LoRA adapters only"),
+])
+def test_oblr_eval_refuses_a_folder_it_cannot_evaluate_in_one_line(tmp_path, capsys, layout, msg):
+    from oblr.cli import main
+
+    d = tmp_path / "x"
+    d.mkdir()
+    (d / "README.md").write_text("another project")
+    if layout != "other":
+        (d / "config.yaml").write_text("task: {name: arithmetic}\n")
+    if layout == "damaged_only":
+        _fake_checkpoint(d, 5, state=False)
+    if layout == "lora":
+        (_fake_checkpoint(d, 5, model=False) / "adapter_config.json").write_text("{}")
+    assert main(["eval", "--model", str(d), "--device", "cpu", "--output-dir", str(tmp_path / "out")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("warning")]
+    assert len(err) == 1 and msg in err[0] and str(d) in err[0], err
+    if layout == "other":
+        assert "checkpoints/step_N" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_a_registered_task_with_its_own_reward_and_answers(tmp_path):
+    """A non-math task (the built-in arithmetic): correct = reward 1, votes from its extract_answer."""
+    task = get_task("arithmetic", n_train=0, n_eval=4)
+    fake = FakeEngine({e.prompt: e.answer for e in task.eval}, "gsm8k")  # "... #### <answer>"
+    res = evaluate(None, None, "arithmetic", n=3, temperature=1.0, batch_size=6, engine=fake, show_progress=False,
+                   output_dir=tmp_path, stream=io.StringIO(), task_options={"arithmetic": {"n_train": 0, "n_eval": 4}})
+    r = res["arithmetic"]
+    right = [k % 4 for k in range(4)]  # 0, 1, 2, 3 of 3 samples right
+    assert r["problems"] == 4 and r["pass@1"] == pytest.approx(sum(right) / 12) == r["reward_mean"]
+    assert r["maj@3"] == pytest.approx(2 / 4) and r["pass@3"] == pytest.approx(3 / 4)
+    rows = [json.loads(x) for x in (tmp_path / "arithmetic.jsonl").read_text().splitlines()]
+    assert rows[0]["extracted"] == "-987654" and rows[0]["reward"] == 0.0 and rows[0]["status"] == "ok"
+    assert json.loads((tmp_path / "results.json").read_text())["config"]["task_options"] == {
+        "arithmetic": {"n_train": 0, "n_eval": 4}}
+    with pytest.raises(ValueError, match="other registered tasks: arithmetic"):
+        evaluate(None, None, "arith")
+
+
+@pytest.mark.slow
+def test_oblr_eval_on_a_run_folder_repeats_the_runs_greedy_accuracy(small_builtin, tmp_path, capsys):
+    """`oblr eval --model RUN` with no benchmark: the run's last checkpoint on the run's own task, with its
+    eval_size and max_new_tokens, so greedy pass@1 is the greedy held-out accuracy the run logged at its end."""
+    from oblr.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", f"model.name_or_path={small_builtin}", "train.steps=2", "rollout.prompts_per_step=4",
+                 "rollout.group_size=4", "rollout.max_new_tokens=24", "task.eval_size=8", "train.eval_samples=2",
+                 "train.threads=1", "task.options={n_train: 200, n_eval: 20}", "--output-dir", str(run),
+                 "--quiet"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    capsys.readouterr()
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(run), "--device", "cpu", "--output-dir", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "checkpoint step_000002" in err and "task arithmetic" in err
+    saved = json.loads((out / "results.json").read_text())
+    r = saved["results"]["arithmetic"]
+    assert r["problems"] == 8 and saved["config"]["max_new_tokens"] == 24
+    assert r["pass@1"] == pytest.approx(summary["eval_accuracy_greedy_final"])

@@ -148,19 +148,20 @@ def test_run_label_sources(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- compare_runs
-def _direct_group_stats(truths, target):
-    """Per-group expectations computed directly from the arrays that were written (greedy accuracy)."""
+def _direct_group_stats(truths, target, acc="acc"):
+    """Per-group expectations computed directly from the arrays that were written (``acc``: "acc" for the
+    sampled accuracy, "greedy" for the greedy one)."""
     def mean_std(x):
         x = np.asarray(x, dtype=float)
         return x.mean(), (x.std(ddof=1) if x.size > 1 else math.nan)
 
-    final = [t["greedy"][np.isfinite(t["greedy"])][-1] for t in truths]
-    best = [np.nanmax(t["greedy"]) for t in truths]
+    final = [t[acc][np.isfinite(t[acc])][-1] for t in truths]
+    best = [np.nanmax(t[acc]) for t in truths]
     auc = []
     reached = []
     for t in truths:
-        ok = np.isfinite(t["greedy"])
-        s, v = t["eval_steps"][ok], t["greedy"][ok]
+        ok = np.isfinite(t[acc])
+        s, v = t["eval_steps"][ok], t[acc][ok]
         auc.append(np.trapezoid(v, s) / (s[-1] - s[0]))
         hit = s[v >= target]
         if hit.size:
@@ -185,14 +186,25 @@ def test_compare_runs_table_csv_and_plots(tmp_path):
                                                 spike_at=20 if seed < 2 else None))
         dirs.append(d)
     out = tmp_path / "cmp"
-    res = compare_runs(dirs, out)
-    assert res["accuracy_key"] == "eval/accuracy_greedy"
+    # the greedy accuracy (NaN at one step of one run) when asked for; tables only
+    res = compare_runs(dirs, tmp_path / "greedy", accuracy_key="eval/accuracy_greedy", plots=False)
     all_best = max(np.nanmax(t["greedy"]) for ts in truths.values() for t in ts)
+    assert res["target"] == pytest.approx(0.9 * all_best)
+    for g in res["groups"]:
+        exp = _direct_group_stats(truths[g["group"]], res["target"], acc="greedy")
+        for m in ("final_acc", "best_acc", "auc_acc", "steps_to_target"):
+            assert g[f"{m}_mean"] == pytest.approx(exp[m][0], nan_ok=True), (g["group"], m)
+            assert g[f"{m}_std"] == pytest.approx(exp[m][1], nan_ok=True), (g["group"], m)
+    # by default the sampled accuracy, the primary metric of `oblr train` (not the greedy one)
+    res = compare_runs(dirs, out)
+    assert res["accuracy_key"] == "eval/accuracy_sampled"
+    all_best = max(np.nanmax(t["acc"]) for ts in truths.values() for t in ts)
     assert res["target"] == pytest.approx(0.9 * all_best)
     groups = {g["group"]: g for g in res["groups"]}
     assert set(groups) == set(truths) and all(g["runs"] == 3 for g in groups.values())
     for name, ts in truths.items():
         exp = _direct_group_stats(ts, res["target"])
+        assert exp["final_acc"][0] != pytest.approx(_direct_group_stats(ts, res["target"], "greedy")["final_acc"][0])
         g = groups[name]
         for m in ("final_acc", "best_acc", "auc_acc", "grad_norm", "adv_var", "steps_to_target"):
             assert g[f"{m}_mean"] == pytest.approx(exp[m][0], nan_ok=True), (name, m)
@@ -212,7 +224,7 @@ def test_compare_runs_table_csv_and_plots(tmp_path):
     md = (out / "comparison.md").read_text()
     g = groups["oblr+snr"]
     assert f"| oblr+snr | 3 | {g['final_acc_mean']:.3f} ± {g['final_acc_std']:.3f} |" in md
-    assert "eval/accuracy_greedy" in md
+    assert "Accuracy metric: `eval/accuracy_sampled`" in md
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == ["compare_eval_accuracy.png", "compare_grad_norm.png", "compare_lr.png", "compare_reward.png",
                     "compare_snr.png"]
@@ -240,3 +252,48 @@ def test_compare_runs_grouping_options_and_errors(tmp_path):
         compare_runs([tmp_path / "missing"], tmp_path / "c")
     with pytest.raises(TypeError, match="group_by"):
         compare_runs(dirs, tmp_path / "c", group_by=3)
+
+
+# ------------------------------------------------------------------------------------------ oblr report
+def _two_runs(tmp_path):
+    dirs = [tmp_path / "runs" / "a", tmp_path / "runs" / "b"]
+    make_run(dirs[0], seed=0, steps=10)
+    make_run(dirs[1], seed=1, baseline="rloo", lr_schedule="constant", steps=10)
+    return dirs
+
+
+def test_report_refuses_an_accuracy_key_no_run_logged_before_writing_anything(tmp_path, capsys):
+    from oblr.cli import main
+
+    dirs = _two_runs(tmp_path)
+    out = tmp_path / "rep"
+    assert main(["report", *map(str, dirs), "--accuracy-key", "nonsense", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'nonsense'" in err[0]
+    assert "eval/accuracy_greedy, eval/accuracy_sampled" in err[0]
+    assert not out.exists() and not (dirs[0] / "plots").exists()
+    with pytest.raises(ValueError, match="no run logged it"):
+        compare_runs(dirs, out, accuracy_key="eval/accuracy_sampld")
+    # any key a run logged is accepted
+    assert compare_runs(dirs, out, accuracy_key="train/reward_mean", plots=False)["accuracy_key"] == "train/reward_mean"
+
+
+def test_report_writes_beside_the_runs_by_default_and_says_where(tmp_path, capsys, monkeypatch):
+    from oblr.cli import main
+    from oblr.experiments.report import default_report_dir
+
+    dirs = _two_runs(tmp_path)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert main(["report", *map(str, dirs), "--no-run-plots"]) == 0
+    out = tmp_path / "runs" / "oblr-report"
+    printed = capsys.readouterr().out
+    assert f"report written to {out}" in printed and "ranked by eval/accuracy_sampled" in printed
+    assert (out / "comparison.md").is_file() and list(cwd.iterdir()) == []
+    assert "Accuracy metric: `eval/accuracy_sampled`" in (out / "comparison.md").read_text()
+    # a folder holding runs: its report/ ; --out: exactly there
+    assert default_report_dir([tmp_path / "runs"]) == tmp_path / "runs" / "report"
+    assert main(["report", str(dirs[1]), "--out", str(tmp_path / "mine"), "--no-run-plots"]) == 0
+    assert (tmp_path / "mine" / "comparison.csv").is_file()
+    assert f"report written to {tmp_path / 'mine'}" in capsys.readouterr().out

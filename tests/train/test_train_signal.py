@@ -100,7 +100,7 @@ def check_steps(trainer: Trainer, recorded: list[dict], *, update_tol: float = 2
         assert (rewards.std(-1) > 0).sum() >= 2, "groups must carry signal"
         ref = reference(model, batch, rewards, a.aggregation, a.baseline, max_len)
         assert row["train/reward_mean"] == pytest.approx(float(rewards.mean()), rel=1e-6)
-        # the reward-side signatures SPEC.md asks for, recomputed from the rewards and the batch
+        # the reward-side signatures docs/spec.md lists, recomputed from the rewards and the batch
         assert row["train/pass_rate"] == pytest.approx(float((rewards == 1).float().mean()), abs=1e-9)
         assert row["train/pass_at_g"] == pytest.approx(float((rewards == 1).any(1).float().mean()), abs=1e-9)
         equal = [len(set(g.tolist())) == 1 for g in rewards]

@@ -30,9 +30,10 @@ from oblr.experiments.stats import (
 )
 from oblr.tracking.plots import PALETTE, log_scale_ok, new_figure, save_png
 
-__all__ = ["ACCURACY_KEYS", "METRICS", "aggregate", "compare_runs", "run_stats"]
+__all__ = ["ACCURACY_KEYS", "METRICS", "aggregate", "check_accuracy_key", "compare_runs", "run_stats"]
 
-ACCURACY_KEYS = ("eval/accuracy_greedy", "eval/accuracy_sampled")
+# the default accuracy, in order of preference: the sampled one first (what `oblr train` calls its primary metric)
+ACCURACY_KEYS = ("eval/accuracy_sampled", "eval/accuracy_greedy")
 # per-run statistic -> column title
 METRICS = {
     "final_acc": "final acc",
@@ -180,6 +181,25 @@ def _band_plot(path: Path, title: str, key: str, groups: dict[str, list[list[dic
     return save_png(fig, path)
 
 
+def logged_keys(runs_rows: list[list[dict]]) -> list[str]:
+    """Every numeric metric key that at least one of the runs logged, sorted."""
+    keys = {k for rows in runs_rows for r in rows for k, v in r.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return sorted(keys)
+
+
+def check_accuracy_key(runs_rows: list[list[dict]], accuracy_key: str | None) -> None:
+    """Refuse (``ValueError``, one line) an accuracy key that no run logged, listing the ``eval/`` keys they
+    did log (any logged key is accepted); None (the default choice) always passes."""
+    if accuracy_key is None:
+        return
+    keys = logged_keys(runs_rows)
+    if accuracy_key not in keys:
+        evals = [k for k in keys if k.startswith("eval/")]
+        raise ValueError(f"accuracy key {accuracy_key!r}: no run logged it; eval keys the runs logged: "
+                         f"{', '.join(evals) or 'none'} (any logged metric key is accepted)")
+
+
 def compare_runs(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, *,
                  group_by: Callable | str | None = None, accuracy_key: str | None = None,
                  target: float | None = None, spike_factor: float = 3.0, spike_window: int = 20,
@@ -188,8 +208,8 @@ def compare_runs(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, 
 
     ``group_by``: None (label = baseline+lr_schedule, seed dropped; see :func:`run_label`), a callable
     ``f(run_dir: Path) -> label``, or a dotted config.yaml key (``"algorithm.baseline"``).
-    ``accuracy_key``: default the first of ``eval/accuracy_greedy``, ``eval/accuracy_sampled`` that every
-    run logged (else the first any run logged). ``target``: default 0.9 x the best accuracy any run reached.
+    ``accuracy_key``: default the first of ``eval/accuracy_sampled``, ``eval/accuracy_greedy`` that every
+    run logged (else the first any run logged); a key no run logged is refused (:func:`check_accuracy_key`). ``target``: default 0.9 x the best accuracy any run reached.
     Writes ``comparison.md``, ``comparison.csv`` (one row per group), ``comparison_runs.csv`` (one row per
     run) and ``compare_<name>.png`` seed-band plots (mean ± std over the group's runs at each step) into
     ``out_dir`` (``plots=False``: tables only). Returns ``{"accuracy_key", "target", "groups": [rows], "runs": [rows], "files": [paths]}``;
@@ -203,6 +223,7 @@ def compare_runs(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, 
             raise FileNotFoundError(f"{d}: no metrics.jsonl (is this a run folder?)")
     label_of = _grouper(group_by)
     loaded = [(d, label_of(d), load_run(d)) for d in dirs]
+    check_accuracy_key([rows for _, _, rows in loaded], accuracy_key)
     if accuracy_key is None:
         has = [{k for k in ACCURACY_KEYS if np.isfinite(series(rows, k)[1]).any()} for _, _, rows in loaded]
         accuracy_key = next((k for k in ACCURACY_KEYS if all(k in h for h in has)),

@@ -20,7 +20,7 @@ from oblr.experiments.grid import GRID_FILE
 from oblr.experiments.stats import load_run, run_label, series
 from oblr.tracking.plots import PALETTE, Panel, log_scale_ok, new_figure, prepare_log, save_png
 
-__all__ = ["RUN_PLOTS", "build_report", "find_run_dirs", "plot_run", "variant_label"]
+__all__ = ["RUN_PLOTS", "build_report", "default_report_dir", "find_run_dirs", "plot_run", "variant_label"]
 
 # name -> (title, panels). Keys follow docs/architecture.md.
 RUN_PLOTS: dict[str, tuple[str, tuple[Panel, ...]]] = {
@@ -148,8 +148,10 @@ def variant_label(run_dir: str | Path) -> str:
 
 def build_report(paths: list[str | Path], out_dir: str | Path, *, run_plots: bool = True, log=print,
                  **compare_kw) -> dict:
-    """Per-run plots (:func:`plot_run`) and the comparison (:func:`oblr.experiments.compare.compare_runs`,
-    grouped by :func:`variant_label` unless ``group_by`` is given) from run folders alone."""
+    """The comparison (:func:`oblr.experiments.compare.compare_runs`, grouped by :func:`variant_label` unless
+    ``group_by`` is given) and then per-run plots (:func:`plot_run`) from run folders alone. The comparison
+    comes first, so that a bad option (an accuracy key no run logged) is refused before any plot is drawn;
+    the last line logged names the folder written."""
     from oblr.experiments.compare import compare_runs
 
     dirs = find_run_dirs(paths)
@@ -157,10 +159,21 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, run_plots: boo
     if unfinished:
         log(f"[report] {len(unfinished)} run(s) without summary.json (unfinished; included as far as they got): "
             + ", ".join(map(str, unfinished)))
+    compare_kw.setdefault("group_by", variant_label)
+    res = compare_runs(dirs, out_dir, **compare_kw)
     if run_plots:
         for d in dirs:
             plot_run(d)
-    compare_kw.setdefault("group_by", variant_label)
-    res = compare_runs(dirs, out_dir, **compare_kw)
-    log(f"[report] {len(dirs)} runs in {len(res['groups'])} groups -> {out_dir}")
+    log(f"[report] {len(dirs)} runs in {len(res['groups'])} groups, ranked by {res['accuracy_key']}; "
+        f"report written to {out_dir}" + (" (and each run's plots/)" if run_plots else ""))
     return res
+
+
+def default_report_dir(paths: list[str | Path]) -> Path:
+    """Where ``oblr report`` writes without ``--out``: beside the runs, never in the current folder. The first
+    path given is a run folder (``metrics.jsonl``): ``<its parent>/oblr-report``; else (a folder holding
+    runs, e.g. a grid's output folder): ``<that folder>/report``."""
+    first = Path(paths[0])
+    if (first / "metrics.jsonl").is_file():
+        return first.parent / "oblr-report"
+    return first / "report"

@@ -282,10 +282,13 @@ def register_cli(sub) -> None:
                        description="Rebuild per-run plots and the comparison table/plots from run folders alone. "
                                    "A folder that is not a run folder is searched for run folders.")
     r.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run folders or folders holding them")
-    r.add_argument("--out", help="output folder (default: PATH/report for one grid folder, else ./oblr-report)")
+    r.add_argument("--out", help="output folder (default: beside the runs: FIRST_RUN_DIR/../oblr-report when the "
+                                 "first path is a run folder, else PATH/report for a folder holding runs)")
     r.add_argument("--group-by", help="dotted config key to group by (default: grid variant / baseline+schedule)")
     r.add_argument("--target", type=float, help="target accuracy for 'steps to target' (default 0.9 x best)")
-    r.add_argument("--accuracy-key", help="eval/accuracy_greedy or eval/accuracy_sampled (default: greedy if all have it)")
+    r.add_argument("--accuracy-key", help="metric the runs are ranked by, e.g. eval/accuracy_greedy (default: "
+                                          "eval/accuracy_sampled, the primary metric of oblr train, if every run "
+                                          "logged it); a key no run logged is refused")
     r.add_argument("--no-run-plots", action="store_true", help="only the comparison, not each run's plots")
     r.set_defaults(func=_cmd_report)
 
@@ -311,15 +314,11 @@ def _cmd_report(args) -> int:
     from oblr.config import Range, check_flags
 
     check_flags({"--target": (args.target, Range(ge=0, le=1))})
-    if args.out:
-        out = Path(args.out)
-    elif len(args.paths) == 1 and not (Path(args.paths[0]) / "metrics.jsonl").is_file():
-        out = Path(args.paths[0]) / "report"
-    else:
-        out = Path("oblr-report")
+    from oblr.experiments.report import build_report, default_report_dir
+
+    out = Path(args.out) if args.out else default_report_dir(args.paths)
     kw = {k: v for k, v in (("target", args.target), ("accuracy_key", args.accuracy_key),
                             ("group_by", args.group_by)) if v is not None}
-    from oblr.experiments.report import build_report
 
     build_report(args.paths, out, run_plots=not args.no_run_plots, **kw)
     return 0

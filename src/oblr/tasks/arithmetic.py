@@ -224,6 +224,11 @@ class ArithmeticTask(Task):
         except (TypeError, ValueError):
             return 0.0
 
+    def extract_answer(self, response: str) -> str | None:
+        """The final answer of ``response`` (what ``oblr eval``'s majority vote counts), or None."""
+        got = parse_final_answer(response)
+        return None if got is None else str(got)
+
 
 @register_task("arithmetic")
 def arithmetic_task(*, seed: int = 0, n_train: Annotated[int, Range(ge=0, le=MAX_EXAMPLES)] = 20000,

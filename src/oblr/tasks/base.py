@@ -24,7 +24,8 @@ class Example:
 
 
 class Task:
-    """A dataset split plus a reward. Subclasses fill ``train``/``eval`` and implement ``reward``."""
+    """A dataset split plus a reward. Subclasses fill ``train``/``eval`` and implement ``reward``; optionally
+    ``extract_answer(response) -> str | None`` (the final answer, for ``oblr eval``'s majority vote maj@n)."""
 
     name: str = "task"
 
