@@ -70,8 +70,32 @@ def _cmd_train(args) -> int:
     if args.nproc is not None:
         return _launch_torchrun(args, overrides)
     cfg = load_config(args.config or _saved_config(args), overrides)
+    if _torchrun_ranks() > 1 and cfg.distributed.strategy == "none":
+        cfg = load_config(args.config or _saved_config(args), [*overrides, "distributed.strategy=ddp"])
+        if os.environ.get("RANK") == "0":
+            print(f"[oblr] torchrun started {_torchrun_ranks()} processes: distributed.strategy none becomes ddp",
+                  file=sys.stderr, flush=True)
     train(cfg, resume=args.resume, quiet=args.quiet, or_start=args.resume_or_start)
     return 0
+
+
+def _torchrun_ranks() -> int:
+    """WORLD_SIZE of a torchrun launch (1 without one); the launch's own variables, no torch import."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return 1
+    try:
+        return int(os.environ["WORLD_SIZE"])
+    except ValueError:
+        return 1  # check_distributed reports a malformed launch
+
+
+def nproc_warning(k: int, cores: int | None = None) -> str | None:
+    """The warning of ``--nproc K`` with more processes than this machine has CPU cores (like
+    ``train.threads``): they compete for the cores, so the run is slower than with fewer."""
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    if k <= cores:
+        return None
+    return f"[oblr] --nproc {k} exceeds this machine's {cores} CPU cores; processes will compete for them"
 
 
 def torchrun_command(args, overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -107,6 +131,9 @@ def torchrun_command(args, overrides: list[str]) -> tuple[list[str], list[str]]:
 def _launch_torchrun(args, overrides: list[str]) -> int:
     """Replace this process by torchrun (signals and the exit status are torchrun's own)."""
     cmd, _ = torchrun_command(args, overrides)
+    warning = nproc_warning(args.nproc)
+    if warning:
+        print(warning, file=sys.stderr)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # one thread per process (torchrun's own default, said quietly)
     sys.stdout.flush()

@@ -113,6 +113,9 @@ class Trainer:
                 self._warn(f"train.threads={cfg.train.threads} exceeds this machine's {cores} CPU cores; threads "
                            f"will compete for them")
             torch.set_num_threads(cfg.train.threads)
+        if cfg.algorithm.lr_schedule == "auto" and cfg.optim.optimizer == "sgd":
+            self._warn("algorithm.lr_schedule=auto with optim.optimizer=sgd: measured to fail there (held-out accuracy "
+                       "far below a tuned fixed rate, docs/algorithm.md); it is meant for AdamW")
         # data first: a malformed data file fails before a model loads
         self.task = get_task(cfg.task.name, **cfg.task.options)
         if len(self.task.train) < cfg.rollout.prompts_per_step:
