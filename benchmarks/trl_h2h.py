@@ -253,7 +253,7 @@ def main(argv=None) -> dict:
               f"(elapsed {time.perf_counter() - t0:.0f} s)", flush=True)
     md = table(a, start, runs)
     (out / "summary.md").write_text(md)
-    (out / "results.json").write_text(json.dumps({"args": {k: v for k, v in vars(a).items()}, "start": start,
+    (out / "results.json").write_text(json.dumps({"args": {k: v for k, v in vars(a).items() if k not in ("out", "doc")}, "start": start,
                                                   "runs": runs}, indent=1))
     plot(a, start, runs, out / "trl_h2h.png")
     print("\n" + md)

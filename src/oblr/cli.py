@@ -33,7 +33,10 @@ def _train_parser(sub) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. optim.lr=1e-3")
     p.add_argument("--config", help="YAML config file (see configs/)")
     p.add_argument("--output-dir", help="run folder (same as train.output_dir=...)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its last checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its last checkpoint "
+                   "(refused when there is none)")
+    p.add_argument("--resume-or-start", action="store_true",
+                   help="resume if --output-dir holds a checkpoint, else start from step 0 (for schedulers that requeue)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--nproc", type=int, metavar="K",
                    help="train with K processes on this machine: starts `python -m torch.distributed.run --standalone "
@@ -47,7 +50,7 @@ def _saved_config(args) -> str | None:
     """With ``--resume`` and no ``--config``: the run folder's own config.yaml (overrides apply on top)."""
     from pathlib import Path
 
-    if not args.resume or args.config:
+    if not (args.resume or args.resume_or_start) or args.config:
         return None
     out = args.output_dir
     for o in args.overrides:
@@ -67,8 +70,32 @@ def _cmd_train(args) -> int:
     if args.nproc is not None:
         return _launch_torchrun(args, overrides)
     cfg = load_config(args.config or _saved_config(args), overrides)
-    train(cfg, resume=args.resume, quiet=args.quiet)
+    if _torchrun_ranks() > 1 and cfg.distributed.strategy == "none":
+        cfg = load_config(args.config or _saved_config(args), [*overrides, "distributed.strategy=ddp"])
+        if os.environ.get("RANK") == "0":
+            print(f"[oblr] torchrun started {_torchrun_ranks()} processes: distributed.strategy none becomes ddp",
+                  file=sys.stderr, flush=True)
+    train(cfg, resume=args.resume, quiet=args.quiet, or_start=args.resume_or_start)
     return 0
+
+
+def _torchrun_ranks() -> int:
+    """WORLD_SIZE of a torchrun launch (1 without one); the launch's own variables, no torch import."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return 1
+    try:
+        return int(os.environ["WORLD_SIZE"])
+    except ValueError:
+        return 1  # check_distributed reports a malformed launch
+
+
+def nproc_warning(k: int, cores: int | None = None) -> str | None:
+    """The warning of ``--nproc K`` with more processes than this machine has CPU cores (like
+    ``train.threads``): they compete for the cores, so the run is slower than with fewer."""
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    if k <= cores:
+        return None
+    return f"[oblr] --nproc {k} exceeds this machine's {cores} CPU cores; processes will compete for them"
 
 
 def torchrun_command(args, overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -96,13 +123,17 @@ def torchrun_command(args, overrides: list[str]) -> tuple[list[str], list[str]]:
         cmd += ["--config", args.config]
     for module in args.plugin:
         cmd += ["--plugin", module]
-    cmd += [flag for flag, on in (("--resume", args.resume), ("--quiet", args.quiet)) if on]
+    cmd += [flag for flag, on in (("--resume", args.resume), ("--resume-or-start", args.resume_or_start),
+                                  ("--quiet", args.quiet)) if on]
     return cmd, overrides
 
 
 def _launch_torchrun(args, overrides: list[str]) -> int:
     """Replace this process by torchrun (signals and the exit status are torchrun's own)."""
     cmd, _ = torchrun_command(args, overrides)
+    warning = nproc_warning(args.nproc)
+    if warning:
+        print(warning, file=sys.stderr)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # one thread per process (torchrun's own default, said quietly)
     sys.stdout.flush()
@@ -188,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"oblr: error: {e}{where} (OBLR_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM during a run (oblr.train.interrupts.Terminated)
+        import signal
+
+        if argv is None:  # the process is ending: another Ctrl-C must not cut its exit short with a traceback
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, signal.SIG_IGN)
         terminated = type(e).__name__ == "Terminated"
         print(f"oblr: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130

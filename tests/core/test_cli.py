@@ -152,3 +152,39 @@ def test_an_os_error_is_one_line_naming_the_file(monkeypatch, capsys):
     monkeypatch.setenv("OBLR_DEBUG", "1")
     with pytest.raises(OSError):
         cli.main(["tasks"])
+
+
+@pytest.mark.parametrize("cores, warned", [(1, True), (2, False), (64, False)])
+def test_nproc_beyond_the_cores_warns_like_train_threads(monkeypatch, capsys, tmp_path, cores, warned):
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    monkeypatch.setattr("os.execve", lambda *a: None)
+    main(["train", "--nproc", "2", "--output-dir", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    line = f"[oblr] --nproc 2 exceeds this machine's {cores} CPU cores; processes will compete for them\n"
+    assert (err == line) if warned else (err == "")
+
+
+def test_under_torchrun_the_default_strategy_becomes_ddp_and_is_logged(monkeypatch, capsys, tmp_path):
+    """WORLD_SIZE > 1 with distributed.strategy none (the default): ddp, said once by rank 0; one process
+    and an explicit strategy are left as they are."""
+    import oblr.train
+
+    seen = []
+    monkeypatch.setattr(oblr.train, "train", lambda cfg, **k: seen.append(cfg.distributed.strategy))
+    for world, rank, extra, strategy, said in [("2", "0", [], "ddp", True), ("2", "1", [], "ddp", False),
+                                               ("1", "0", [], "none", False),
+                                               ("2", "0", ["distributed.strategy=fsdp"], "fsdp", False)]:
+        monkeypatch.setenv("WORLD_SIZE", world)
+        monkeypatch.setenv("RANK", rank)
+        assert main(["train", *extra, "--output-dir", str(tmp_path), "--quiet"]) == 0
+        assert seen.pop() == strategy
+        err = capsys.readouterr().err
+        assert err == ("[oblr] torchrun started 2 processes: distributed.strategy none becomes ddp\n" if said else "")
+
+
+def test_python_m_oblr_is_the_cli(tmp_path):
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "oblr", "train", "optim.lr=inf"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr == "oblr: error: config key 'optim.lr': must be in (0, 1e6], got inf\n"

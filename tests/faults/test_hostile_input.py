@@ -295,3 +295,49 @@ def test_every_override_is_validated_and_reported_even_after_options(no_model, c
         assert needle in line, line
     cfg = load_config(None, ["optim.lr=1e-3", "optim.lr=2e-3"])
     assert cfg.optim.lr == 2e-3  # a later override of the same key wins, as before
+
+
+# --------------------------------------------------------------------------------------------- issue 24
+def test_a_hub_name_without_network_is_one_line_saying_how_to_run_offline(tmp_path):
+    """The hub at a closed localhost port (nothing can be downloaded, and the test cannot hang on a network):
+    one line naming HF_HUB_OFFLINE, not a minute of retries; the model cache stays empty."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections are refused
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    hub_env = {k: v for k, v in env().items() if k != "HF_HUB_OFFLINE"}
+    hub_env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf"), OBLR_CACHE_DIR=str(cache))
+    r = subprocess.run([sys.executable, "-m", "oblr", *train(tmp_path, "model.name_or_path=org/doesnotexist")],
+                       capture_output=True, text=True, env=hub_env, timeout=DEADLINE)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, (r.returncode, r.stderr[-3000:])
+    assert r.stderr.startswith("oblr: error: model 'org/doesnotexist' is not a local directory")
+    assert "nothing can be downloaded" in r.stderr and "HF_HUB_OFFLINE=1" in r.stderr
+    assert list(cache.iterdir()) == []
+
+
+def test_a_hub_name_whose_hub_is_unreachable_loads_the_cached_copy(tmp_path, monkeypatch):
+    """Unreachable hub, model in the local Hugging Face cache: the cached snapshot, without HF_HUB_OFFLINE."""
+    import huggingface_hub
+
+    from oblr.models import resolve_model_path
+
+    snapshot = tmp_path / "snap"
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", lambda *a, **k: (_ for _ in ()).throw(OSError("down")))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda name, local_files_only: str(snapshot) if local_files_only else pytest.fail("download"))
+    assert resolve_model_path("org/cached") == snapshot
+
+
+def test_sgd_with_the_auto_schedule_warns_before_the_model(no_model, capsys, tmp_path):
+    with pytest.raises(ModelReached):
+        main(train(tmp_path, "algorithm.lr_schedule=auto", "optim.optimizer=sgd", "optim.lr=0.1"))
+    err = capsys.readouterr().err
+    assert err.count("algorithm.lr_schedule=auto with optim.optimizer=sgd: measured to fail there") == 1
+    assert "docs/algorithm.md" in err
+    with pytest.raises(ModelReached):
+        main(train(tmp_path / "adamw", "algorithm.lr_schedule=auto"))
+    assert "lr_schedule=auto" not in capsys.readouterr().err

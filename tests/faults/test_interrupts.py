@@ -58,3 +58,20 @@ def test_ctrl_c_during_evaluation_summary_matches_the_metrics_file(small_builtin
     assert summary["eval_accuracy_final"] == evals[-1]["eval/accuracy_sampled"]
     assert summary["eval_accuracy_initial"] == evals[0]["eval/accuracy_sampled"]
     assert load_trainer_state(latest_checkpoint(out))["step"] == steps
+
+
+def test_three_quick_ctrl_c_end_with_the_checkpoint_and_one_line(small_builtin, tmp_path):
+    """Ctrl-C pressed three times in a row: the later ones land in the wrap-up (checkpoint, summary, exit) and
+    are acknowledged, not obeyed: the last completed step is saved, no traceback, the status is 130."""
+    out = tmp_path / "run"
+    proc = start(train_args(small_builtin, out, 500, "train.save_every=0", "train.eval_every=0", "task.eval_size=0"))
+    wait_for(proc, lambda: len(train_rows(out)) >= 1)
+    for _ in range(2):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+    rc, _, err = stop(proc)  # the third
+    assert rc == 130 and "Traceback" not in err and err.strip().endswith("oblr: interrupted"), err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    k = load_trainer_state(latest_checkpoint(out))["step"]
+    assert k == summary["steps"] == max(train_rows(out))  # the checkpoint is the last step logged

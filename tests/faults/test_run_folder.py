@@ -1,12 +1,15 @@
 """Run folders: one process at a time (OS lock), a folder that never saved a checkpoint resumes from step
-0 with its own config, orphaned temporary checkpoints are removed on resume."""
+0 with its own config (--resume-or-start; --resume refuses), a folder that is not a run folder is never
+written into, damaged last metrics records are kept aside and re-run, orphaned temporary checkpoints are
+removed on resume."""
 
 from __future__ import annotations
 
 import json
 import signal
 
-from fault_helpers import start, stop, train_args, train_rows, wait_for
+import pytest
+from fault_helpers import rows, start, stop, train_args, train_rows, wait_for
 
 from oblr.cli import main
 
@@ -51,7 +54,11 @@ def test_interrupted_before_its_first_checkpoint_resumes_from_step_0_with_its_sa
     assert "no checkpoint was saved" in stdout and "checkpoint saved" not in stdout, stdout[-1000:]
     assert json.loads((out / "summary.json").read_text())["steps"] == 0
     capsys.readouterr()
-    assert main(["train", "--plugin", "signal_task", "--resume", "--output-dir", str(out), "--quiet"]) == 0
+    # plain --resume: nothing to resume, refused in one line
+    assert main(["train", "--plugin", "signal_task", "--resume", "--output-dir", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "holds no checkpoint" in err and "--resume-or-start" in err, err
+    assert main(["train", "--plugin", "signal_task", "--resume-or-start", "--output-dir", str(out), "--quiet"]) == 0
     assert sorted(train_rows(out)) == [1, 2]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["status"] == "completed"
@@ -76,3 +83,84 @@ def test_orphaned_temporary_checkpoints_are_removed_on_resume(small_builtin, tmp
     assert not orphan.exists()
     assert ".step_000002.tmp99999" in capsys.readouterr().err
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["LATEST", "step_000001", "step_000002"]
+
+
+@pytest.mark.parametrize("resume", [[], ["--resume"], ["--resume-or-start"]])
+def test_a_folder_that_is_not_a_run_folder_is_never_written_into(small_builtin, tmp_path, capsys, resume):
+    out = tmp_path / "project"
+    (out / "src").mkdir(parents=True)
+    (out / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
+    (out / "README.md").write_text("my project\n")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    assert main(train_args(small_builtin, out, 1) + resume) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not empty and is not an oblr run folder" in err, err
+    assert "README.md, pyproject.toml, src" in err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_resume_with_nothing_to_resume_is_refused(small_builtin, tmp_path, capsys, exists):
+    out = tmp_path / "run"
+    if exists:
+        out.mkdir()
+    assert main(train_args(small_builtin, out, 1) + ["--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and ("holds no checkpoint" if exists else "does not exist") in err, err
+    assert (not out.exists()) if not exists else list(out.iterdir()) == []
+    assert main(train_args(small_builtin, out, 1, "train.eval_every=0") + ["--resume-or-start"]) == 0
+    assert sorted(train_rows(out)) == [1]
+
+
+def _damage_last_line(path):
+    lines = path.read_text().splitlines(keepends=True)
+    cut = lines[-1][: len(lines[-1]) // 2]
+    path.write_text("".join(lines[:-1]) + cut)
+    return cut
+
+
+def test_a_damaged_record_after_the_checkpoint_is_kept_aside_and_re_run(small_builtin, tmp_path, capsys):
+    """The crash case: the record being written when the run died (a step after its checkpoint)."""
+    out = tmp_path / "run"
+    assert main(train_args(small_builtin, out, 2, "train.eval_every=0", "train.save_every=1")) == 0
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "optim/loss": 0.12')  # step 3's record, cut short
+    capsys.readouterr()
+    assert main(train_args(small_builtin, out, 3, "train.eval_every=0", "train.save_every=1") + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "was damaged (step 3" in err and "metrics.jsonl.damaged" in err and "re-run" in err, err
+    assert (out / "metrics.jsonl.damaged").read_text() == '{"step": 3, "optim/loss": 0.12\n'
+    assert sorted(train_rows(out)) == [1, 2, 3]
+
+
+def test_a_damaged_record_of_the_checkpointed_step_is_rebuilt_from_an_earlier_checkpoint(small_builtin, tmp_path,
+                                                                                         capsys):
+    """A finished run whose last record (step 3, with the final evaluation) was damaged: resuming goes back to
+    step 2's checkpoint, re-runs step 3, and summary.json reports only what metrics.jsonl holds."""
+    out = tmp_path / "run"
+    args = train_args(small_builtin, out, 3, "train.eval_every=0", "train.save_every=1", "train.keep_checkpoints=3")
+    assert main(args) == 0
+    final = json.loads((out / "summary.json").read_text())["eval_accuracy_final"]
+    cut = _damage_last_line(out / "metrics.jsonl")
+    capsys.readouterr()
+    assert main(args + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "the record of step 3" in err and "step_000002" in err, err
+    assert (out / "metrics.jsonl.damaged").read_text() == cut + "\n"
+    logged = rows(out)
+    assert sorted(train_rows(out)) == [1, 2, 3]
+    evals = [r for r in logged if "eval/accuracy_sampled" in r]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 3 and evals[-1]["step"] == 3
+    assert summary["eval_accuracy_final"] == evals[-1]["eval/accuracy_sampled"] == final  # rebuilt, same value
+
+
+def test_a_damaged_record_with_no_earlier_checkpoint_is_refused_in_one_line(small_builtin, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = train_args(small_builtin, out, 1, "train.eval_every=0", "train.save_every=1")
+    assert main(args) == 0
+    _damage_last_line(out / "metrics.jsonl")
+    capsys.readouterr()
+    assert main(args + ["--resume"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no checkpoint before step 1 exists to re-run it" in err[0], err

@@ -120,3 +120,21 @@ def test_tiny_numbers_compare_exactly():
 def test_unit_word_after_a_number():
     assert not grade_detailed("The answer is 45 hours.", "45", unit="minute").correct
     assert grade_detailed("The answer is 45 minutes.", "45", unit="minute").correct
+
+
+@pytest.mark.parametrize("response,wrong_reference", [
+    ("Final Answer: The largest $n$ is 34, not 35.", "35"),
+    ("Final Answer: The largest $n$ is 34 and not 35.", "35"),
+    ("Final Answer: The largest $n$ is 34; 35 fails.", "35"),
+    ("Answer: The sum is 5 and the product is 6.", "6"),
+])
+def test_a_named_quantity_sentence_with_two_numbers_is_not_the_second(response, wrong_reference):
+    assert not grade_detailed(response, wrong_reference).correct
+
+
+def test_named_quantity_and_bare_answers_are_read():
+    assert final_answer("Final Answer: The largest $n$ is 34.").text == "34"
+    assert final_answer("So the answer is correct.") is None  # no value after it: still no statement
+    assert grade_detailed("28 percent", "28\\%").pred == "28\\%"  # short, one line: read whole
+    long_text = "I think that it might be 28 percent but I am not sure at all."
+    assert grade_detailed(long_text, "28\\%").pred is None  # longer than a bare answer: math-verify's fallback

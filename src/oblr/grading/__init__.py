@@ -94,13 +94,26 @@ def _grade_gsm8k(response: str, reference: Any) -> GradeResult:
     return GradeResult(r.value == ref.value, _pred_text(r.value))
 
 
+_BARE_MAX = 40  # a response this short, on one line and without a statement, is read whole as the answer
+
+
+def _several(gold: str) -> bool:
+    """True when the reference has several answers: a list ``1, 2, 3`` or a set ``\\{1,2,3\\}``."""
+    g = gold.strip()
+    if g.startswith("\\{") and g.endswith("\\}"):
+        g = g[2:-2]
+    return len(answer_parts(g)) > 1
+
+
 def _grade_math(response: str, reference: Any, unit: str | None, timeout: float,
                 pool: GraderPool | None) -> GradeResult:
     gold = normalize_answer(normalize_reference(reference))
     if not gold:
         raise ValueError(f"math reference {reference!r} is empty")
-    answer = final_answer(response, several=len(answer_parts(gold)) > 1)
+    answer = final_answer(response, several=_several(gold))
     pred = normalize_answer(answer.text) if answer is not None else ""
+    if answer is None and _BARE_MAX >= len(response.strip()) > 0 and "\n" not in response.strip():
+        pred = normalize_answer(response.strip())  # a bare answer: "28 percent", "2 or 3"
     if pred:
         if unit_conflict(pred, unit):
             return GradeResult(False, pred, "ok", f"unit differs from the reference unit {unit!r}")

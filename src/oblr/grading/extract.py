@@ -10,7 +10,8 @@ Answer statements
   and stops before "I hope it is correct" and before a remark (", which ...", ", since ...", " (note
   ..."; not ", and"/", or"); leading filler words ("therefore", "actually", ...) and
   trailing punctuation are dropped. A sentence counts only if its content starts like an answer (a number,
-  a sign, ``$``, a LaTeX command, a bracket, ``x = ...``, one capital letter): "the answer is correct"
+  a sign, ``$``, a LaTeX command, a bracket, ``x = ...``, one capital letter; or a named quantity whose
+  value follows: "Final Answer: The largest $n$ is 34." reads ``34``): "the answer is correct"
   is no statement, nor is a question ("what if the answer is 5?") or a supposition ("if the answer is
   5, ...", "whether our answer is 5").
 
@@ -50,6 +51,8 @@ _FILLER_RE = re.compile(r"(?:(?:therefore|thus|hence|so|then|indeed|actually|sim
                         r"still|equal to|equals|given by)\b[\s,:]*)*", re.IGNORECASE)
 _ANSWER_LIKE_RE = re.compile(r"\$|\\[(\[a-zA-Z]|[-−+]?\s?(?:\\\$|€|£)?\s?\.?\d|[(\[{]"
                              r"|[A-Za-z]\w{0,3}(?:\(\w{1,3}\))?\s{0,2}=|[A-Z]$")
+# "The largest $n$ is 34": a named quantity before the value; the value after its first "is"/"="
+_NAMED_RE = re.compile(r"(?:the|our|my)\s+(?:[^\s.,;:=]+\s+){1,6}?(?:is|are|equals|=)\s+", re.IGNORECASE)
 _HOPE_RE = re.compile(r"\s*[,.(]?\s*I hope it is correct", re.IGNORECASE)
 # a remark after the answer: ", which ...", ", since ...", " (note ..."
 _REMARK_RE = re.compile(r",\s+(?!(?:and|or)\b)[a-z]{2,}\b(?!\s*[=(])| \((?=[a-z]{3,}\s)")
@@ -186,6 +189,9 @@ def _sentences_from_end(text: str, after: int):
         if source == "sentence" and _HYPOTHETICAL_RE.search(text[max(m.start() - 40, 0):m.start()]):
             continue
         content = _sentence(text, m.end())
+        named = _NAMED_RE.match(content) if content and not _ANSWER_LIKE_RE.match(content) else None
+        if named:
+            content = content[named.end():]
         if content and _ANSWER_LIKE_RE.match(content):
             yield m.start(), content, source
 

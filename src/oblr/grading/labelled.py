@@ -96,6 +96,10 @@ MATH_FORMATS: dict[str, list[tuple[str, object, str | None, bool]]] = {
         ("The answer is $\\sqrt{2}$, which is irrational.", "\\sqrt2", None, True),
         ("The answer is 7.79.", "7.78", None, False),
         ("So the answer is 3/2.", "\\frac{2}{3}", None, False),
+        ("Final Answer: The largest $n$ is 34.", "34", None, True),  # a named quantity, then its value
+        ("The answer is $x = 5$.", "5", None, True),
+        ("Final Answer: The largest $n$ is 34, not 35.", "35", None, False),
+        ("Final Answer: The largest $n$ is 34.", "35", None, False),
     ],
     "trailing_period": [  # a decimal that ends the sentence
         ("The final answer is 0.5.", "\\frac12", None, True),
@@ -108,6 +112,11 @@ MATH_FORMATS: dict[str, list[tuple[str, object, str | None, bool]]] = {
         ("x = \\boxed{1} or x = \\boxed{-2}", "1,-2", None, True),
         ("$\\boxed{84}$, $\\boxed{69}$", ["$69$,$84$"], None, True),
         ("First \\boxed{7}.\n\nSo the solutions are \\boxed{3} and \\boxed{5}.", "3, 5", None, True),
+        ("\\boxed{1},\\boxed{2},\\boxed{3}", "\\{1,2,3\\}", None, True),
+        ("\\boxed{1}, \\boxed{2}, and \\boxed{3}", "1, 2, 3", None, True),
+        ("\\boxed{3}, \\boxed{1}, \\boxed{2}", "\\{1,2,3\\}", None, True),
+        ("\\boxed{1},\\boxed{2},\\boxed{4}", "\\{1,2,3\\}", None, False),
+        ("\\boxed{1},\\boxed{2}", "\\{1,2,3\\}", None, False),
         ("\\boxed{(1, 2)}", ["(1,2)", "(2,1)"], None, False),
         ("\\boxed{(1, 2)}, \\boxed{(2, 1)}, \\boxed{(3, 3)}", ["(1,2)", "(2,1)"], None, False),
         ("\\boxed{(1, 2)}, \\boxed{(1, 2)}", ["(1,2)", "(2,1)"], None, False),
@@ -126,6 +135,11 @@ MATH_FORMATS: dict[str, list[tuple[str, object, str | None, bool]]] = {
         ("\\boxed{28 per cent}", "28\\%", None, True),
         ("\\boxed{28\\%}", "28\\%", None, True),
         ("\\boxed{29 percent}", "28\\%", None, False),
+        ("28 percent", "28\\%", None, True),  # a bare answer, no box or sentence
+        ("28 pct", "28\\%", None, True),
+        ("28 %", "28\\%", None, True),
+        ("28 percent", "28", None, True),  # as \\boxed{28\\%} against 28
+        ("29 percent", "28", None, False),
     ],
     "fraction_slash": [
         ("\\boxed{2/3}", "\\frac{2}{3}", None, True),
@@ -151,6 +165,15 @@ MATH_FORMATS: dict[str, list[tuple[str, object, str | None, bool]]] = {
         ("The answers are $x=1$ and $x=-2$.", "1,-2", None, True),
         ("\\boxed{(2, 1)}", "(1, 2)", None, False),
         ("The answers are $x=1$ and $x=2$.", "1,-2", None, False),
+        ("x = -5, p = 14/3", "-5, 14/3", None, True),  # labels stripped per element
+        ("\\boxed{x = -5, p = 14/3}", "-5, \\frac{14}{3}", None, True),
+        ("\\boxed{x = -5, p = 13/3}", "-5, 14/3", None, False),
+        ("2 or 3", "2, 3", None, True),  # alternatives: an unordered set of solutions
+        ("The answer is 2 or 3.", "\\{2,3\\}", None, True),
+        ("The answer is x = 2 or x = 3.", "2, 3", None, True),
+        ("\\boxed{3 or 2}", "\\{2,3\\}", None, True),
+        ("The answer is 2 or 4.", "2, 3", None, False),
+        ("The answer is 2 or 3.", "2", None, False),
     ],
     "precedence": [  # the statement that starts last wins; a correction counts, a remark does not
         ("\\boxed{5}. Wait, that is wrong: the answer is 6.", "6", None, True),

@@ -75,6 +75,8 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, p
     - something that looks like a local path but does not exist -> ``FileNotFoundError`` naming it.
     - otherwise a hub id (``"Qwen/Qwen3-4B-Base"``) is returned as a string; with ``HF_HUB_OFFLINE=1`` it
       must already be in the local Hugging Face cache, else a ``FileNotFoundError`` explains the fix.
+      Without it the hub is probed first (:data:`HUB_PROBE_TIMEOUT_S`): when it cannot be reached, the
+      cached copy is used, else a ``FileNotFoundError`` says how to run offline.
     """
     name = os.fspath(name_or_path)
     if not isinstance(name, str) or not name.strip():
@@ -119,7 +121,37 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, p
                 f"HF_HUB_OFFLINE is set, so hub downloads are not attempted. Fix: pass a local directory, "
                 f"download it first on a machine with network (huggingface-cli download {name}), or unset "
                 f"HF_HUB_OFFLINE. ({type(e).__name__})") from None
-    return name
+    return _hub_or_cache(name)
+
+
+# seconds the hub may take to answer the probe of resolve_model_path (a refused or unresolvable endpoint
+# answers at once; this bounds a silently dropped connection)
+HUB_PROBE_TIMEOUT_S = 5.0
+
+
+def _hub_or_cache(name: str) -> Path | str:
+    """A hub id without ``HF_HUB_OFFLINE``: ``name`` when the hub answers (transformers downloads or reports a
+    missing repository); when it cannot be reached, the copy in the local Hugging Face cache, else one
+    ``FileNotFoundError`` saying how to run offline -- instead of about a minute of download retries."""
+    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        HfApi().model_info(name, timeout=HUB_PROBE_TIMEOUT_S)
+        return name
+    except HfHubHTTPError:  # the hub answered (not found, gated, ...): transformers says what
+        return name
+    except Exception as e:  # noqa: BLE001 - no answer: no network, a refused or unknown endpoint, a timeout
+        reason = f"{type(e).__name__}: {e}".splitlines()[0][:160]
+    try:
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached either
+        pass
+    raise FileNotFoundError(
+        f"model {name!r} is not a local directory, not in the local Hugging Face cache, and the hub "
+        f"({constants.ENDPOINT}) cannot be reached ({reason}), so nothing can be downloaded. Fix: pass a local "
+        f"directory saved with save_pretrained or 'builtin', or download it on a machine with network "
+        f"(huggingface-cli download {name}) and run offline with HF_HUB_OFFLINE=1")
 
 
 def task_model_dir(spec) -> Path:

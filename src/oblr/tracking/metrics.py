@@ -11,7 +11,9 @@ only on lines that need it). Generic tools (jq, pandas) see a missing value; :fu
 restores the exact float (``nan``/``inf``/``-inf``) unless ``raw=True``.
 
 Crash safety: every :meth:`MetricsLogger.log` writes its whole line with one ``write`` and flushes, so a
-crash loses at most the line being written; :func:`read_metrics` drops such a truncated last line.
+crash loses at most the line being written; :func:`read_metrics` drops such a truncated last line, and a
+resumed run first moves it to ``metrics.jsonl.damaged`` (:func:`set_aside_damaged_tail`, said in a warning)
+and re-runs its step.
 Resuming (``resume=k``, or ``resume=True, resume_step=k``) rewrites the file atomically (temp file + rename) without the
 lines of steps ``> k`` and without a truncated tail, so a resumed run never has duplicate steps.
 """
@@ -22,6 +24,7 @@ import json
 import math
 import numbers
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -131,6 +134,37 @@ def _parse_lines(text: str, path: Path) -> list[dict]:
             raise ValueError(f"{path}:{i + 1}: expected a JSON object with an integer 'step'")
         records.append(rec)
     return records
+
+
+def set_aside_damaged_tail(path: Path) -> tuple[int | None, str] | None:
+    """If the last non-blank line of the metrics file ``path`` is not a record (a crash or a full disk
+    mid-write), append it to ``<path>.damaged``, remove it from ``path`` (atomically) and return ``(its step
+    if readable, its text)``; else None."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    idx = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    if idx < 0:
+        return None
+    try:
+        rec = json.loads(lines[idx])
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            return None
+    except json.JSONDecodeError:
+        pass
+    bad = lines[idx]
+    m = re.match(r'\s*\{\s*"step"\s*:\s*(\d+)', bad)
+    with open(path.with_name(path.name + ".damaged"), "a", encoding="utf-8") as f:
+        f.write(bad + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines[:idx]) + ("\n" if idx else ""))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return (int(m.group(1)) if m else None), bad
 
 
 def _restore_nonfinite(rec: dict) -> dict:

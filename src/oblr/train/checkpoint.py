@@ -195,12 +195,21 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, state: dic
     return commit_checkpoint(run_dir, step, tmp, keep=keep)
 
 
-def latest_checkpoint(run_dir: str | Path, *, deep: bool = False, warn=None) -> Path | None:
+def checkpoint_step(ckpt: Path) -> int:
+    """The step of a checkpoint folder ``step_000123`` (-1 for another name)."""
+    name = Path(ckpt).name
+    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else -1
+
+
+def latest_checkpoint(run_dir: str | Path, *, deep: bool = False, warn=None, before: int | None = None) -> Path | None:
     """The newest intact checkpoint of a run (the one LATEST names first, then the others newest first), or
-    None. Each damaged one passed over is reported through ``warn(message)``; ``deep`` hashes the files."""
+    None. Each damaged one passed over is reported through ``warn(message)``; ``deep`` hashes the files;
+    ``before``: only checkpoints of steps before it."""
     ckpt_root = Path(run_dir) / "checkpoints"
     pointer = ckpt_root / "LATEST"
     candidates = sorted((p for p in ckpt_root.glob("step_*") if p.is_dir()), reverse=True)
+    if before is not None:
+        candidates = [p for p in candidates if 0 <= checkpoint_step(p) < before]
     try:
         named = ckpt_root / pointer.read_text().strip() if pointer.is_file() else None
     except OSError:

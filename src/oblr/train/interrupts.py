@@ -6,7 +6,9 @@ controller, logging a step and marking it complete) so that an interrupt lands e
 changes anything or after it is complete and logged, never in between. Everything else (generation,
 evaluation) stays interruptible at once. During a run SIGTERM (``kill PID``, a scheduler ending a job)
 raises :class:`Terminated`, a ``KeyboardInterrupt``, so it takes Ctrl-C's path: the last completed step is
-checkpointed and the summary written (exit status 143 instead of 130).
+checkpointed and the summary written (exit status 143 instead of 130). While that wrap-up runs,
+:func:`hold_interrupts` keeps further Ctrl-C / SIGTERM from cutting it short (each is acknowledged once on
+stderr), so pressing Ctrl-C three times still ends with the checkpoint and one line.
 """
 
 from __future__ import annotations
@@ -64,3 +66,28 @@ def sigint_deferred():
             handler(s, None)
         elif handler == signal.SIG_DFL:
             os.kill(os.getpid(), s)  # the default action (SIGTERM: the process ends), now that the block is done
+
+
+def hold_interrupts(message: str):
+    """Until the returned ``restore()`` is called, SIGINT and SIGTERM are acknowledged (``message`` on stderr,
+    once) and otherwise ignored: for the wrap-up after an interrupt (checkpoint, summary). Main thread only
+    (elsewhere ``restore`` does nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    said: list[bool] = []
+
+    def acknowledge(signum, frame):
+        if not said:
+            said.append(True)
+            try:
+                os.write(2, (message + "\n").encode())
+            except OSError:
+                pass
+
+    previous = {s: signal.signal(s, acknowledge) for s in DEFERRED}
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    return restore

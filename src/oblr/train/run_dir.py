@@ -1,9 +1,10 @@
 """Run folders: create a new one or resume one, and the one config comparison used for resuming.
 
 A run folder holds ``config.yaml``, ``metrics.jsonl``, ``summary.json``, ``plots/``, ``samples/`` and
-``checkpoints/`` (see README). :func:`resolve_run_dir` picks the folder of a training run and refuses to
-overwrite one that already holds a run (``--resume`` continues it instead, and only with a config that
-differs in :data:`RESUMABLE_CHANGES` at most). :func:`config_diff` compares a saved ``config.yaml`` with a
+``checkpoints/`` (see README). :func:`resolve_run_dir` picks the folder of a training run, refuses a
+non-empty folder that is not a run folder, refuses to overwrite one that already holds a run (``--resume``
+continues it instead, and only with a config that differs in :data:`RESUMABLE_CHANGES` at most), and refuses
+``--resume`` where there is nothing to resume (``--resume-or-start`` starts from step 0 there). :func:`config_diff` compares a saved ``config.yaml`` with a
 config; the experiment grid uses it too (:func:`oblr.experiments.grid.decide`).
 
 A run folder belongs to one process at a time: :func:`lock_run_dir` takes an OS lock (``flock``) on
@@ -107,17 +108,51 @@ def holds_run(run_dir: Path) -> bool:
     return latest_checkpoint(run_dir) is not None or (metrics.is_file() and metrics.stat().st_size > 0)
 
 
-def resolve_run_dir(cfg: Config, *, resume: bool) -> Path:
-    """The run folder of ``cfg`` (``train.output_dir`` or :func:`default_run_dir`), checked: without
-    ``resume`` it must not hold a run (:func:`holds_run`); with ``resume`` and a checkpoint, its config may
-    differ from ``cfg`` only in :data:`RESUMABLE_CHANGES` (with no checkpoint the run restarts from step 0,
-    with ``cfg``). Raises :class:`ConfigError`; nothing is written."""
+#: what an oblr run writes into its folder (a folder holding only these is a run folder, or the remains of one)
+RUN_FILES = frozenset({"config.yaml", "code.json", "metrics.jsonl", "metrics.jsonl.restarted", "metrics.jsonl.damaged",
+                       "metrics.jsonl.tmp", "summary.json", "plots", "samples", "checkpoints", "tensorboard", "wandb",
+                       "wandb_run_id", "grid_error.txt", LOCK_FILE})
+
+
+def foreign_files(run_dir: Path) -> list[str]:
+    """Names in ``run_dir`` that no oblr run writes (empty for an empty folder or a run folder); a folder with
+    a readable run ``config.yaml`` is a run folder whatever else it holds."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    names = sorted(p.name for p in run_dir.iterdir())
+    if "config.yaml" in names and config_diff(run_dir / "config.yaml", Config()) is not None:
+        return []
+    return [n for n in names if n not in RUN_FILES and not n.startswith(".oblr-write-test-")]
+
+
+def resolve_run_dir(cfg: Config, *, resume: bool, or_start: bool = False) -> Path:
+    """The run folder of ``cfg`` (``train.output_dir`` or :func:`default_run_dir`), checked. Nothing is written.
+
+    - a folder that is not empty and not a run folder (:func:`foreign_files`) is never used;
+    - without ``resume`` it must not hold a run (:func:`holds_run`);
+    - with ``resume`` it must hold a checkpoint, unless ``or_start`` (``--resume-or-start``: with nothing to
+      resume the run starts from step 0, for schedulers that requeue a job); with a checkpoint its config may
+      differ from ``cfg`` only in :data:`RESUMABLE_CHANGES`.
+
+    Raises :class:`ConfigError` (one line)."""
     run_dir = Path(cfg.train.output_dir) if cfg.train.output_dir else default_run_dir(cfg)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run folder {run_dir} is a file, not a folder")
+    foreign = foreign_files(run_dir)
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        raise ConfigError(f"output folder {run_dir} is not empty and is not an oblr run folder (it holds {shown}); "
+                          f"oblr writes only into a new or empty folder or a run folder: choose another --output-dir")
     has_ckpt = latest_checkpoint(run_dir) is not None
-    if resume and not run_dir.is_dir():
-        raise ConfigError(f"--resume: run folder {run_dir} does not exist")
+    if resume and not or_start:
+        if not run_dir.is_dir():
+            raise ConfigError(f"--resume: run folder {run_dir} does not exist (nothing to resume; leave out --resume "
+                              f"to start a run there, or pass --resume-or-start)")
+        if not has_ckpt:
+            raise ConfigError(f"--resume: run folder {run_dir} holds no checkpoint, so there is nothing to resume; "
+                              f"leave out --resume to start a new run (or --resume-or-start to start from step 0 "
+                              f"whenever there is nothing to resume)")
     if not resume and holds_run(run_dir):
         what = "a run" if has_ckpt else "the metrics of a run that saved no checkpoint"
         raise ConfigError(f"run folder {run_dir} already holds {what}; pass --resume to continue it "

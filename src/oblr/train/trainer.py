@@ -57,8 +57,9 @@ from oblr.rollout import generate_and_score, make_engine
 from oblr.schedules import make_lr_controller
 from oblr.tasks import get_task, reward_scorer
 from oblr.tasks.base import RewardFailures, task_accepts
+from oblr.tracking.metrics import METRICS_FILE, set_aside_damaged_tail
 from oblr.train import checkpoint as ckpt
-from oblr.train.interrupts import sigint_deferred, sigterm_as_interrupt
+from oblr.train.interrupts import hold_interrupts, sigint_deferred, sigterm_as_interrupt
 from oblr.train.optimizers import make_optimizer
 from oblr.train.ranks import shared_run_dir, start
 from oblr.train.run_dir import check_writable, lock_run_dir, resolve_run_dir
@@ -86,11 +87,11 @@ def _to_float(v):
 
 
 class Trainer:
-    def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
-        self.cfg, self.resume = cfg, resume
+    def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False, or_start: bool = False):
+        self.cfg, self.resume, self.or_start = cfg, resume or or_start, or_start
         self.dist, self.parallel = start(cfg)  # one-line refusals of a bad setup, before anything loads
         self.quiet = quiet or not self.dist.is_main
-        self.run_dir = shared_run_dir(lambda: resolve_run_dir(cfg, resume=resume), self.dist)
+        self.run_dir = shared_run_dir(lambda: resolve_run_dir(cfg, resume=self.resume, or_start=or_start), self.dist)
         self._saved_step = -1  # step of the newest checkpoint of this run (-1: none)
         self._done = {"step": 0, "rng": None, "metrics": None, "logged": True}  # the last completed step
 
@@ -112,6 +113,9 @@ class Trainer:
                 self._warn(f"train.threads={cfg.train.threads} exceeds this machine's {cores} CPU cores; threads "
                            f"will compete for them")
             torch.set_num_threads(cfg.train.threads)
+        if cfg.algorithm.lr_schedule == "auto" and cfg.optim.optimizer == "sgd":
+            self._warn("algorithm.lr_schedule=auto with optim.optimizer=sgd: measured to fail there (held-out accuracy "
+                       "far below a tuned fixed rate, docs/algorithm.md); it is meant for AdamW")
         # data first: a malformed data file fails before a model loads
         self.task = get_task(cfg.task.name, **cfg.task.options)
         if len(self.task.train) < cfg.rollout.prompts_per_step:
@@ -165,13 +169,16 @@ class Trainer:
         """Load the newest intact checkpoint (rank 0 chooses it, every rank loads it); False (and the run
         restarts from step 0) when there is none."""
         main = self.dist.is_main
-        path = ckpt.latest_checkpoint(self.run_dir, deep=True, warn=self._warn) if main else None
+        path = self._resume_point() if main else None
         path = broadcast_object(None if path is None else str(path))
         if path is None:
+            if not self.or_start:
+                raise ConfigError(f"--resume: no intact checkpoint in {self.run_dir} (see the warnings above), so "
+                                  f"there is nothing to resume; --resume-or-start would start from step 0")
             metrics = self.run_dir / "metrics.jsonl"
             if main and metrics.is_file():  # the rows of the attempt that saved nothing are kept aside
                 metrics.replace(self.run_dir / "metrics.jsonl.restarted")
-            self._log(f"no checkpoint in {self.run_dir}; starting from step 0")
+            self._log(f"no checkpoint in {self.run_dir}; starting from step 0 (--resume-or-start)")
             return False
         path = Path(path)
         state = ckpt.load_trainer_state(path)
@@ -193,6 +200,31 @@ class Trainer:
         self._saved_step = self.start_step
         self._log(f"resumed from {path} at step {self.start_step}")
         return True
+
+    def _resume_point(self) -> Path | None:
+        """The checkpoint to resume from (rank 0). A damaged last record of metrics.jsonl (a crash or a full
+        disk mid-write) is kept aside in ``metrics.jsonl.damaged`` and reported; when its step is at or before
+        the newest checkpoint, the run resumes from an earlier checkpoint so that the step is re-run and its
+        record rebuilt, or, with none, it is refused (the record could not be rebuilt)."""
+        damaged = set_aside_damaged_tail(self.run_dir / METRICS_FILE)
+        path = ckpt.latest_checkpoint(self.run_dir, deep=True, warn=self._warn)
+        if damaged is None:
+            return path
+        step, text = damaged
+        where = self.run_dir / (METRICS_FILE + ".damaged")
+        if path is None or step is None or step > ckpt.checkpoint_step(path):
+            self._warn(f"warning: the last record of {self.run_dir / METRICS_FILE} was damaged (step "
+                       f"{'?' if step is None else step}, {len(text)} bytes); kept aside in {where}; that step is "
+                       f"re-run from the checkpoint")
+            return path
+        earlier = ckpt.latest_checkpoint(self.run_dir, deep=True, warn=self._warn, before=step)
+        if earlier is None:
+            raise TrainingError(f"the record of step {step} in {self.run_dir / METRICS_FILE} is damaged (kept "
+                                f"aside in {where}) and no checkpoint before step {step} exists to re-run it; "
+                                f"resuming would leave metrics.jsonl without that step")
+        self._warn(f"warning: the record of step {step} in {self.run_dir / METRICS_FILE} was damaged; kept aside in "
+                   f"{where}; resuming from {earlier} so that step {step} is re-run and its record rebuilt")
+        return earlier
 
     # ------------------------------------------------------------------------------------------ pieces
     def _log(self, msg: str) -> None:
@@ -414,17 +446,20 @@ class Trainer:
         if self._saved_step >= 0:
             return f"interrupted after step {done['step']}, whose checkpoint was already saved; {resume}"
         return (f"interrupted before the first step completed; no checkpoint was saved "
-                f"(--resume --output-dir {self.run_dir} starts from step 0)")
+                f"(--resume-or-start --output-dir {self.run_dir} starts from step 0)")
 
     # ------------------------------------------------------------------------------------------ loop
     def run(self) -> dict:
         wall0 = time.perf_counter()
         # rank 0 owns the folder: held until the run ends; the kernel frees it if the process dies
         lock = lock_run_dir(self.run_dir) if self.dist.is_main else None
+        self._release_hold = None
         try:
             with sigterm_as_interrupt():  # SIGTERM takes Ctrl-C's path: last completed step saved, summary written
                 return self._run(wall0)
         finally:
+            if self._release_hold is not None:  # Ctrl-C during the wrap-up was held back until here
+                self._release_hold()
             if lock is not None:
                 lock.close()
 
@@ -477,7 +512,7 @@ class Trainer:
     def _run(self, wall0: float) -> dict:
         main = self.dist.is_main
         if main and self.cfg.train.output_dir:
-            resolve_run_dir(self.cfg, resume=self.resume)  # again, now that this process holds the folder
+            resolve_run_dir(self.cfg, resume=self.resume, or_start=self.or_start)  # again, now that this process holds the folder
         removed = ckpt.remove_orphans(self.run_dir) if main else []
         if removed:
             self._warn(f"removed {len(removed)} unfinished checkpoint folder(s) left by a crash: {', '.join(removed)}")
@@ -505,6 +540,9 @@ class Trainer:
             status = "completed"
         except KeyboardInterrupt:
             status = "interrupted"
+            self._release_hold = hold_interrupts(
+                f"[oblr] interrupted again: still saving the last completed step ({self._done['step']}); "
+                f"further Ctrl-C is ignored until it is written (kill -9 stops at once, losing it)")
             self._log(self._on_interrupt())
             raise
         except OSError as e:  # a full disk, a folder made read-only under the run
@@ -569,7 +607,9 @@ class Trainer:
         print("\n".join("[oblr] " + ln for ln in lines), flush=True)
 
 
-def train(cfg: Config, *, resume: bool = False, quiet: bool = False) -> dict:
-    """Run training from a validated config; returns the summary dict (also in run_dir/summary.json)."""
-    return Trainer(cfg, resume=resume, quiet=quiet).run()
+def train(cfg: Config, *, resume: bool = False, quiet: bool = False, or_start: bool = False) -> dict:
+    """Run training from a validated config; returns the summary dict (also in run_dir/summary.json).
+    ``resume``: continue the run in the output folder (there must be a checkpoint); ``or_start``: resume if
+    there is something to resume, else start from step 0."""
+    return Trainer(cfg, resume=resume, quiet=quiet, or_start=or_start).run()
 
