@@ -35,7 +35,7 @@ def test_builtin_means_the_tasks_model():
     assert builtin_for_task("some/model", "countdown") == "some/model"
 
 
-def test_resolve_uses_the_cache_and_builds_a_current_recipe(tmp_path, monkeypatch):
+def _small_countdown_spec(tmp_path, monkeypatch):
     import oblr.models.task_builtins as tb
 
     monkeypatch.setenv("OBLR_CACHE_DIR", str(tmp_path))
@@ -43,6 +43,11 @@ def test_resolve_uses_the_cache_and_builds_a_current_recipe(tmp_path, monkeypatc
                              sft_steps=2, n_measure=2, n_train=50)
     monkeypatch.setitem(tb.TASK_MODELS, "countdown", small)
     monkeypatch.setitem(tb.MODEL_NAMES, "builtin:tiny-countdown", small)
+    return small
+
+
+def test_resolve_uses_the_cache_and_builds_a_current_recipe(tmp_path, monkeypatch):
+    small = _small_countdown_spec(tmp_path, monkeypatch)
     with pytest.raises(FileNotFoundError, match="builtin:tiny-countdown not found"):
         resolve_model_path("builtin:tiny-countdown", build=False)
     path = resolve_model_path("builtin:tiny-countdown", progress=lambda msg: None)
@@ -53,3 +58,52 @@ def test_resolve_uses_the_cache_and_builds_a_current_recipe(tmp_path, monkeypatc
     (path / METADATA_FILE).write_text(json.dumps({"recipe": {"version": 0}}))  # another recipe: rebuilt
     resolve_model_path("builtin:tiny-countdown", progress=lambda msg: None)
     assert is_current(path, small)
+
+    other = type(small)(**{**small.__dict__, "noise": small.noise + 0.1})  # another recipe: not current
+    assert not is_current(path, other)
+
+
+def test_concurrent_first_uses_build_once(tmp_path, monkeypatch):
+    """Two first uses at once: the build lock (the arithmetic model's) lets one build; the other waits and
+    loads that build."""
+    import threading
+
+    import oblr.models.task_builtins as tb
+
+    _small_countdown_spec(tmp_path, monkeypatch)
+    calls = []
+    real = tb.build_task_model
+
+    def counting(*a, **k):
+        calls.append(a)
+        return real(*a, **k)
+
+    monkeypatch.setattr(tb, "build_task_model", counting)
+    out, errors = [], []
+
+    def use():
+        try:
+            out.append(resolve_model_path("builtin:tiny-countdown", progress=lambda msg: None))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=use) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(calls) == 1 and len(set(out)) == 1 and len(out) == 3
+    assert not [p for p in (tmp_path / "models").iterdir() if p.name.startswith(".tmp-")]  # nothing left over
+
+
+def test_evaluate_a_countdown_model(tmp_path):
+    """``oblr eval --benchmarks countdown`` goes through the registered-task path: rewards, extracted
+    expressions for maj@n."""
+    from oblr.cli import main
+
+    path = build_task_model("countdown", tmp_path / "m", sft_steps=3, n_measure=2, progress=None)
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(path), "--benchmarks", "countdown", "--limit", "4", "--n", "2",
+                 "--temperature", "1", "--max-new-tokens", "8", "--output-dir", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())["results"]["countdown"]
+    assert res["problems"] == 4 and res["n"] == 2 and "maj@2" in res and 0.0 <= res["reward_mean"] <= 1.0

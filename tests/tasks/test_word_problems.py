@@ -51,3 +51,35 @@ def test_listed_by_oblr_tasks(capsys):
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith("task.name"))
     assert "countdown" in line and "word_problems" in line
+
+
+def test_reward_goes_through_the_graders_gsm8k_path(monkeypatch):
+    """The training reward is the verdict of the grader ``oblr eval`` uses for GSM8K (``evaluate._grader``):
+    comma-grouped, dollar-signed and decimal final answers are graded alike, and the reward calls
+    ``oblr.grading.grade`` with ``kind="gsm8k"``."""
+    import oblr.tasks.math as math_mod
+    from oblr.evaluate import _grader
+    from oblr.tasks.word_problems import make_example
+
+    task = get_task("word_problems", n_train=1, n_eval=1)
+    ex = make_example("Q?", ["1000+234=1234"], 1234)
+    small = make_example("Q?", ["3*4=12"], 12)
+    eval_grade = _grader("gsm8k", 5.0)
+    cases = [(ex, " 1000+234=1234 #### 1,234", 1.0), (ex, " #### 1234.00", 1.0), (ex, " #### 1,235", 0.0),
+             (small, " #### $12", 1.0), (small, " 3*4=12 #### 12 ", 1.0), (small, " #### 13", 0.0)]
+    for example, response, want in cases:
+        assert task.reward(response, example) == want, response
+        assert eval_grade([response], [example])[0].correct == (want == 1.0), response
+    seen = []
+    real = math_mod.grade
+    monkeypatch.setattr(math_mod, "grade", lambda *a, **k: seen.append(k["kind"]) or real(*a, **k))
+    assert task.reward(" #### $12", small) == 1.0 and seen == ["gsm8k"]
+
+
+def test_option_ranges_checked():
+    import pytest
+
+    with pytest.raises(ValueError, match="n_eval"):
+        get_task("word_problems", n_eval=-1)
+    with pytest.raises(ValueError, match="unknown option|difficulty"):
+        get_task("word_problems", difficulty="hard")

@@ -27,8 +27,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 from oblr.disk_errors import writes_as_os_errors
 from oblr.models.builtin import (
     METADATA_FILE,
@@ -39,6 +37,8 @@ from oblr.models.builtin import (
     sft_train,
 )
 
+#: raise it (or a spec's ``dirname``) when a task's generator or the demonstrations change: the recipe stored
+#: with a build holds the spec's fields and this number, so that a cached build of older code is rebuilt
 VERSION = 1
 WORD_CHARS = "".join(c for c in string.ascii_letters if c not in "QA") + ".,?'$"  # Q, A: already there
 
@@ -74,8 +74,8 @@ TASK_MODELS: dict[str, TaskModelSpec] = {
     "countdown": TaskModelSpec(task="countdown", name="builtin:tiny-countdown", dirname="tiny-countdown-v1",
                                sft_steps=600, noise=0.3, max_new_tokens=32),
     "word_problems": TaskModelSpec(task="word_problems", name="builtin:tiny-words", dirname="tiny-words-v1",
-                                   extra_chars=WORD_CHARS, vocab_size=96, max_positions=256, sft_steps=700,
-                                   noise=0.15, max_new_tokens=40),
+                                   extra_chars=WORD_CHARS, vocab_size=96, max_positions=128,
+                                   sft_steps=600, batch_size=32, noise=0.15, max_new_tokens=32),
 }
 MODEL_NAMES = {spec.name: spec for spec in TASK_MODELS.values()}
 
@@ -166,6 +166,8 @@ def build_task_model(task: str, out_dir: str | os.PathLike, *, seed: int = 0, sf
     so it is never taken for the current default build). The caller's random state is left as it was."""
     if task not in TASK_MODELS:
         raise ValueError(f"no built-in model for task {task!r}; tasks with one: {', '.join(TASK_MODELS)}")
+    import torch
+
     state = random.getstate()
     with torch.random.fork_rng(devices=[]):
         try:
@@ -176,6 +178,7 @@ def build_task_model(task: str, out_dir: str | os.PathLike, *, seed: int = 0, sf
 
 
 def _build(spec: TaskModelSpec, out: Path, seed: int, sft_steps, n_measure, say, overwrite) -> Path:
+    import torch
     from transformers import Qwen3ForCausalLM
 
     from oblr.models.tokenizer import build_tokenizer

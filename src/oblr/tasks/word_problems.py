@@ -37,29 +37,28 @@ Step = tuple[int, str, int]  # (x, op, y)
 def _t_buy_give(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     a, b = r.randint(2, 30), r.randint(2, 30)
     c = r.randint(1, a + b)
-    return (f"{name} has {a} {item}. {pron} buys {b} more and gives away {c}. How many {item} now?",
+    return (f"{name} has {a} {item}, buys {b} more and gives {c} away. How many now?",
             [(a, "+", b), (a + b, "-", c)])
 
 
 def _t_boxes(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     a, b = r.randint(2, 9), r.randint(2, 9)
     c = r.randint(1, a * b)
-    return (f"{name} has {a} boxes of {b} {item} and gives away {c}. How many {item} are left?",
+    return (f"{name} has {a} boxes of {b} {item} and gives {c} away. How many left?",
             [(a, "*", b), (a * b, "-", c)])
 
 
 def _t_times(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     other = r.choice([n for n, _ in NAMES if n != name])
     a, b = r.randint(2, 20), r.randint(2, 5)
-    return (f"{name} has {a} {item}. {other} has {b} times as many. How many {item} in all?",
+    return (f"{name} has {a} {item}. {other} has {b} times as many. How many in all?",
             [(a, "*", b), (a, "+", a * b)])
 
 
 def _t_change(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     a, b = r.randint(2, 9), r.randint(2, 9)
     c = r.choice([x for x in (20, 50, 100) if x >= a * b])
-    return (f"{item.capitalize()} cost {a} dollars each. {name} buys {b} and pays {c} dollars. What is the "
-            f"change?", [(a, "*", b), (c, "-", a * b)])
+    return (f"{name} buys {b} {item} at ${a} each and pays ${c}. What is the change?", [(a, "*", b), (c, "-", a * b)])
 
 
 def _t_share(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
@@ -68,15 +67,14 @@ def _t_share(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     total = d * each
     b = r.randint(1, total - 1)
     a = total - b
-    return (f"{name} has {a} {item} and finds {b} more. {pron} shares them among {d} friends equally. How "
-            f"many each?", [(a, "+", b), (total, "/", d)])
+    return (f"{name} has {a} {item}, finds {b} more and shares them among {d} friends. How many each?", [(a, "+", b), (total, "/", d)])
 
 
 def _t_three(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     a, b = r.randint(2, 6), r.randint(2, 9)
     c = r.randint(1, 20)
     d = r.randint(1, a * b + c)
-    return (f"{name} has {a} bags of {b} {item}, buys {c} more and loses {d}. How many {item} now?",
+    return (f"{name} has {a} bags of {b} {item}, buys {c} more and loses {d}. How many now?",
             [(a, "*", b), (a * b, "+", c), (a * b + c, "-", d)])
 
 
