@@ -132,6 +132,10 @@ def test_reward_on_responses():
 def test_option_ranges_checked():
     with pytest.raises(ValueError, match="n_numbers"):
         get_task("countdown", n_numbers=9)
+    with pytest.raises(ValueError, match="max_target"):
+        get_task("countdown", max_target=0)
+    with pytest.raises(ValueError, match="could only draw 5 distinct eval instances"):  # a space too small
+        get_task("countdown", n_numbers=2, max_number=2)
 
 
 def test_listed():

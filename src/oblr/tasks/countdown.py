@@ -224,7 +224,8 @@ def sample_instance(rng: random.Random, n_numbers: int, max_number: int, max_tar
         if target > max_target or target in numbers:
             continue
         return numbers, target, expr
-    raise RuntimeError("countdown: could not sample an instance")  # pragma: no cover - never in practice
+    raise ValueError(f"countdown task: no instance with {n_numbers} numbers in [1, {max_number}] and a target "
+                     f"in [1, {max_target}] found in 100000 tries; raise max_number or max_target")
 
 
 def make_example(numbers: list[int], target: int, expr: str) -> Example:
