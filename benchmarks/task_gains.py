@@ -110,12 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         env["OBLR_CACHE_DIR"] = os.path.abspath(args.cache_dir)
         os.environ["OBLR_CACHE_DIR"] = env["OBLR_CACHE_DIR"]  # task_model_dir() here must see the same cache
     args.runs.mkdir(parents=True, exist_ok=True)
-    rows = [run_task(t, args.runs, env) for t in args.tasks]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "task_gains.json").write_text(json.dumps(rows, indent=2) + "\n")
-    table = markdown(rows)
-    (args.out / "task_gains.md").write_text(table)
-    print(table, end="")
+    rows = []
+    for task in args.tasks:  # the summary is rewritten after each task, so a stopped benchmark keeps its rows
+        rows.append(run_task(task, args.runs, env))
+        (args.out / "task_gains.json").write_text(json.dumps(rows, indent=2) + "\n")
+        (args.out / "task_gains.md").write_text(markdown(rows))
+    print(markdown(rows), end="")
     return 0
 
 
