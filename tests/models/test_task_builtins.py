@@ -107,3 +107,18 @@ def test_evaluate_a_countdown_model(tmp_path):
                  "--temperature", "1", "--max-new-tokens", "8", "--output-dir", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())["results"]["countdown"]
     assert res["problems"] == 4 and res["n"] == 2 and "maj@2" in res and 0.0 <= res["reward_mean"] <= 1.0
+
+
+def test_trainer_loads_the_tasks_model():
+    """The trainer's model name: plain ``builtin`` with countdown is the countdown model; the default run
+    (arithmetic) keeps ``builtin``."""
+    from types import SimpleNamespace
+
+    from oblr.config import load_config
+    from oblr.train.trainer import Trainer
+
+    for task, want in [("countdown", "builtin:tiny-countdown"), ("word_problems", "builtin:tiny-words"),
+                       ("arithmetic", "builtin")]:
+        cfg = load_config(None, [f"task.name={task}"])
+        assert Trainer._model_name(SimpleNamespace(cfg=cfg)) == want
+    assert load_config(None, []).task.name == "arithmetic"
