@@ -2,7 +2,7 @@
 
     python benchmarks/task_gains.py                                   # countdown and word_problems
     python benchmarks/task_gains.py --tasks countdown --runs runs/task-gains
-    python benchmarks/task_gains.py --cache-dir /tmp/empty-cache      # include the first-use model build
+    python benchmarks/task_gains.py --cache-dir EMPTY_FOLDER         # include the first-use model build
 
 For each task it runs ``python -m oblr train task.name=<task> train.output_dir=<runs>/<task>`` (nothing
 else is set: ``train.output_dir`` only names the run folder) and times the whole command. From the run's
