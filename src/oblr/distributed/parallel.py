@@ -12,7 +12,13 @@ Each mode is an object with one interface, used by :func:`oblr.distributed.step.
 - ``generation(model)``: a context for sampling, in which a rank may run any number of forwards (ranks
   generate different prompts, whose lengths differ): nothing for none and ddp; fsdp gathers the whole
   model once on entry (one all-gather per FSDP module) and reshards it on exit, so decoding runs no
-  collective.
+  collective;
+- ``save_state(run_dir, step, model, tokenizer, optimizer, state, *, keep, final)`` and
+  ``load_state(path, model, optimizer, state)``: the training state in a checkpoint folder
+  (:mod:`oblr.train.checkpoint`), called by every rank: none and ddp write the full weights and optimizer
+  state from rank 0; fsdp writes every rank's shards with torch.distributed.checkpoint
+  (:mod:`oblr.distributed.sharded_state`) and, at the end of the run (``final``), the consolidated
+  weights. The trainer never asks which strategy it has.
 
 ``ddp`` does not wrap the model in ``torch.nn.parallel.DistributedDataParallel``: the book-keeping
 backward computes no weight gradients through autograd, so DDP's all-reduce hooks would never fire.
@@ -35,14 +41,32 @@ from oblr.config import Range
 from oblr.registry import Registry
 
 from .collectives import DEFAULT_BUCKET_MB, all_reduce_grads
-from .env import is_distributed, require_launch
+from .env import is_distributed, is_main, require_launch
 from .fsdp import ShardedGradSink, shard_model
 
 PARALLEL = Registry("distributed strategy")
 
 
+class _FullState:
+    """Checkpoints of a model whose every rank holds all of it: rank 0 writes, every rank reads."""
+
+    def save_state(self, run_dir, step: int, model, tokenizer, optimizer, state: dict, *, keep: int,
+                   final: bool) -> None:
+        from oblr.train import checkpoint as ckpt
+
+        if is_main():
+            ckpt.save_checkpoint(run_dir, step, model, tokenizer, {**state, "optimizer": optimizer.state_dict()},
+                                 keep=keep)
+
+    def load_state(self, path, model, optimizer, state: dict) -> None:
+        from oblr.train import checkpoint as ckpt
+
+        ckpt.load_weights_into(model, path)
+        optimizer.load_state_dict(state["optimizer"])
+
+
 @PARALLEL.register("none")
-class Single:
+class Single(_FullState):
     """One process: the model as it is, ``.grad`` filled in place, nothing to reduce."""
 
     name = "none"
@@ -61,7 +85,7 @@ class Single:
 
 
 @PARALLEL.register("ddp")
-class Replicated:
+class Replicated(_FullState):
     """Data parallel with a full replica per rank; gradients summed by one bucketed all-reduce per step."""
 
     name = "ddp"
@@ -129,6 +153,50 @@ class Sharded:
             model.set_reshard_after_forward(self.reshard_after_forward)
             for m in modules:
                 m.reshard()
+
+
+    def save_state(self, run_dir, step: int, model, tokenizer, optimizer, state: dict, *, keep: int,
+                   final: bool) -> None:
+        """Rank 0 opens the temporary checkpoint folder, every rank writes its shards of the model and
+        optimizer state into ``sharded/`` (torch.distributed.checkpoint), rank 0 adds the trainer state, the
+        model config and tokenizer -- and, when ``final``, the consolidated Hugging Face weights gathered
+        from all ranks -- and commits the folder (manifest, rename, LATEST, pruning)."""
+        import shutil
+        from pathlib import Path
+
+        from oblr.disk_errors import writes_as_os_errors
+        from oblr.train import checkpoint as ckpt
+
+        from .collectives import broadcast_object
+        from .sharded_state import SHARDED_DIR, full_model_state, save_sharded
+
+        main = is_main()
+        tmp = Path(broadcast_object(str(ckpt.begin_checkpoint(run_dir, step)) if main else None))
+        with writes_as_os_errors():
+            save_sharded(tmp / SHARDED_DIR, model, optimizer)
+        full = full_model_state(model) if final else None  # collective
+        if not main:
+            return
+        try:
+            with writes_as_os_errors():
+                if full is not None:
+                    model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
+                else:
+                    model.config.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+                ckpt.write_state(tmp, step, state)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        ckpt.commit_checkpoint(run_dir, step, tmp, keep=keep)
+
+    def load_state(self, path, model, optimizer, state: dict) -> None:
+        """Every rank reads its shards of the model and optimizer state."""
+        from pathlib import Path
+
+        from .sharded_state import SHARDED_DIR, load_sharded
+
+        load_sharded(Path(path) / SHARDED_DIR, model, optimizer)
 
 
 def make_parallel(mode: str, **options):
