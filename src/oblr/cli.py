@@ -1,11 +1,11 @@
-"""Command line: ``oblr train | eval | compare | report | proxy-study | tasks``.
+"""Command line: ``oblr train | eval | compare | report | proxy-study | models | tasks``.
 
 Each subcommand's options live beside its implementation (``oblr eval``: :mod:`oblr.evaluate`; ``compare``,
-``report``, ``proxy-study``: :mod:`oblr.experiments.runner`); this module assembles the parser, defines
-``train`` and ``tasks``, loads plugins (``--plugin MODULE`` and the ``oblr.plugins`` entry points,
-:mod:`oblr.plugins`) before anything is parsed or validated, and turns bad input into one line on stderr
-with exit status 2. ``key=value`` overrides may be given before or after options; every one of them is
-validated, and the problems of all of them are reported together.
+``report``, ``proxy-study``: :mod:`oblr.experiments.runner`; ``models``: :mod:`oblr.models.cli`); this
+module assembles the parser, defines ``train`` and ``tasks``, loads plugins (``--plugin MODULE`` and the
+``oblr.plugins`` entry points, :mod:`oblr.plugins`) before anything is parsed or validated, and turns bad
+input into one line on stderr with exit status 2. ``key=value`` overrides may be given before or after
+options; every one of them is validated, and the problems of all of them are reported together.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"oblr {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _train_parser(sub)
-    for modname in ("oblr.evaluate", "oblr.experiments.runner"):
+    for modname in ("oblr.evaluate", "oblr.experiments.runner", "oblr.models.cli"):
         try:
             mod = __import__(modname, fromlist=["register_cli"])
         except ModuleNotFoundError as e:
