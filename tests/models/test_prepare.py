@@ -182,3 +182,26 @@ def test_models_list_and_cli_prepare(tiny_wheel, tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str(tmp_path / "m") and "[oblr] extracting" in res.stderr
     assert prep.is_prepared(tmp_path / "m")
+
+
+def test_a_waiting_preparation_uses_the_one_finished_meanwhile(prepared, tiny_wheel, tmp_path, monkeypatch):
+    """Two preparations at once: the second waits on the lock and then keeps the first's folder."""
+    import shutil
+    import threading
+
+    from oblr.models import _build_lock
+
+    src, _, _ = prepared
+    target = tmp_path / "models" / NAME
+    monkeypatch.setenv("OBLR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(prep, "convert_gguf", lambda *a, **k: pytest.fail("converted again"))
+    lines, result = [], []
+    with _build_lock(target):
+        worker = threading.Thread(target=lambda: result.append(prep.prepare_model(
+            NAME, from_wheel=tiny_wheel[0], progress=lines.append)))
+        worker.start()
+        worker.join(1.0)
+        assert worker.is_alive() and not result  # blocked on the lock
+        shutil.copytree(src, target)  # the other process publishes
+    worker.join(30)
+    assert result == [target] and "by another process" in lines[-1]
