@@ -62,7 +62,6 @@ def _saved_config(args) -> str | None:
 
 def _cmd_train(args) -> int:
     from oblr.config import load_config
-    from oblr.train import train
 
     overrides = list(args.overrides)
     if args.output_dir:
@@ -75,6 +74,8 @@ def _cmd_train(args) -> int:
         if os.environ.get("RANK") == "0":
             print(f"[oblr] torchrun started {_torchrun_ranks()} processes: distributed.strategy none becomes ddp",
                   file=sys.stderr, flush=True)
+    from oblr.train import train  # torch, transformers: only once the config is valid
+
     train(cfg, resume=args.resume, quiet=args.quiet, or_start=args.resume_or_start)
     return 0
 
