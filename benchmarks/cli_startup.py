@@ -31,7 +31,8 @@ def wall_time(args: list[str], expect: int) -> float:
     r = subprocess.run([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     dt = time.perf_counter() - t0
     if r.returncode != expect:
-        raise SystemExit(f"python {' '.join(args)} exited {r.returncode}, expected {expect}: {r.stderr.strip()}")
+        raise SystemExit(f"python {' '.join(args)} exited {r.returncode}, expected {expect}: "
+                         f"{r.stderr.strip()}")
     return dt
 
 

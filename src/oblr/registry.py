@@ -147,7 +147,7 @@ def _each_evaluated(fn: Callable, sig: inspect.Signature) -> inspect.Signature:
         annotation = p.annotation
         if isinstance(annotation, str):
             try:
-                annotation = eval(annotation, namespace)  # noqa: S307 - what inspect.signature(eval_str=True) does
+                annotation = eval(annotation, namespace)  # as inspect.signature(eval_str=True) does
             except Exception:  # noqa: BLE001
                 pass
         params.append(p.replace(annotation=annotation))

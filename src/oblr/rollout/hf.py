@@ -80,7 +80,8 @@ def _generate_chunk(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, 
         ones = torch.ones(b, 1, dtype=mask.dtype, device=device)
         for step in range(max_new_tokens):
             logits = out.logits[:, -1, :]
-            tok, logq = _sample(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
+            tok, logq = _sample(logits, temperature=temperature, top_p=top_p, greedy=greedy,
+                                generator=generator)
             tok = tok.masked_fill(done, pad_id)
             tokens.append(tok)
             logqs.append(logq)
@@ -89,7 +90,8 @@ def _generate_chunk(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, 
             if step + 1 == max_new_tokens or bool(done.all()):
                 break
             mask = torch.cat([mask, ones], dim=1)
-            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, use_cache=True, **cache)
+            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, use_cache=True,
+                        **cache)
             next_pos = next_pos + 1
         return torch.stack(tokens, dim=1), None if greedy else torch.stack(logqs, dim=1)
 
