@@ -5,7 +5,9 @@ Each subcommand's options live beside its implementation (``oblr eval``: :mod:`o
 ``train`` and ``tasks``, loads plugins (``--plugin MODULE`` and the ``oblr.plugins`` entry points,
 :mod:`oblr.plugins`) before anything is parsed or validated, and turns bad input into one line on stderr
 with exit status 2. ``key=value`` overrides may be given before or after options; every one of them is
-validated, and the problems of all of them are reported together.
+validated, and the problems of all of them are reported together. ``--help``, ``oblr tasks`` and every
+config refusal answer before torch is imported (the registries load without it; ``oblr train`` imports
+the trainer once the config is valid): tests/core/test_fast_cli.py, benchmarks/cli_startup.py.
 """
 
 from __future__ import annotations

@@ -98,6 +98,13 @@ def test_config_refusals_answer_without_torch(overrides, message):
     assert res["heavy"] == [], f"oblr train {' '.join(overrides)} imported {res['heavy']}"
 
 
+def test_the_check_sees_a_command_that_imports_torch():
+    """The blocked import makes a command that needs torch fail here (``--nproc`` checks the launch with
+    torch.distributed), so the checks above can fail."""
+    res = run_cli(["train", "--nproc", "1", "train.steps=1"])
+    assert res["rc"] == "ImportError" and "imported by a command that must answer without it" in res["err"]
+
+
 @pytest.mark.parametrize("package", ["oblr.train", "oblr.distributed", "oblr.gradnorm"])
 def test_lazy_packages_export_every_name(package):
     """The lazily exported names of a package (oblr._lazy) all resolve, and dir() lists them."""
