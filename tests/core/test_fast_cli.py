@@ -58,6 +58,7 @@ def run_cli(argv: list[str]) -> dict:
     (["train", "--help"], "algorithm.norms_method"),
     (["eval", "--help"], "--model"),
     (["compare", "--help"], "usage"),
+    (["models", "--help"], "prepare"),
     (["tasks"], "algorithm.baseline"),
 ])
 def test_help_and_tasks_answer_without_torch(argv, expect):
