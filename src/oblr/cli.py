@@ -1,11 +1,14 @@
-"""Command line: ``oblr train | eval | compare | report | proxy-study | tasks``.
+"""Command line: ``oblr train | eval | compare | report | proxy-study | models | tasks``.
 
 Each subcommand's options live beside its implementation (``oblr eval``: :mod:`oblr.evaluate`; ``compare``,
-``report``, ``proxy-study``: :mod:`oblr.experiments.runner`); this module assembles the parser, defines
-``train`` and ``tasks``, loads plugins (``--plugin MODULE`` and the ``oblr.plugins`` entry points,
-:mod:`oblr.plugins`) before anything is parsed or validated, and turns bad input into one line on stderr
-with exit status 2. ``key=value`` overrides may be given before or after options; every one of them is
-validated, and the problems of all of them are reported together.
+``report``, ``proxy-study``: :mod:`oblr.experiments.runner`; ``models``: :mod:`oblr.models.cli`); this
+module assembles the parser, defines ``train`` and ``tasks``, loads plugins (``--plugin MODULE`` and the
+``oblr.plugins`` entry points, :mod:`oblr.plugins`) before anything is parsed or validated, and turns bad
+input into one line on stderr with exit status 2. ``key=value`` overrides may be given before or after
+options; every one of them is validated, and the problems of all of them are reported together. ``--help``,
+``oblr tasks`` and every config refusal answer before torch is imported (the registries load without it;
+``oblr train`` imports the trainer once the config is valid): tests/core/test_fast_cli.py,
+benchmarks/cli_startup.py.
 """
 
 from __future__ import annotations
@@ -62,7 +65,6 @@ def _saved_config(args) -> str | None:
 
 def _cmd_train(args) -> int:
     from oblr.config import load_config
-    from oblr.train import train
 
     overrides = list(args.overrides)
     if args.output_dir:
@@ -75,6 +77,8 @@ def _cmd_train(args) -> int:
         if os.environ.get("RANK") == "0":
             print(f"[oblr] torchrun started {_torchrun_ranks()} processes: distributed.strategy none becomes ddp",
                   file=sys.stderr, flush=True)
+    from oblr.train import train  # torch, transformers: only once the config is valid
+
     train(cfg, resume=args.resume, quiet=args.quiet, or_start=args.resume_or_start)
     return 0
 
@@ -165,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"oblr {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _train_parser(sub)
-    for modname in ("oblr.evaluate", "oblr.experiments.runner"):
+    for modname in ("oblr.evaluate", "oblr.experiments.runner", "oblr.models.cli"):
         try:
             mod = __import__(modname, fromlist=["register_cli"])
         except ModuleNotFoundError as e:

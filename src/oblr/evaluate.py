@@ -330,7 +330,7 @@ def resolve_model_arg(model: str) -> tuple[str, dict | None]:
 def _run_task(run: dict) -> tuple[str, dict, int | None, int | None]:
     """``(task name, task options, eval_size, max_new_tokens)`` of a run's config dict (defaults where the
     saved config lacks a key, as :class:`oblr.config.Config` has them)."""
-    from oblr.config import TaskConfig, RolloutConfig
+    from oblr.config import RolloutConfig, TaskConfig
 
     task = run.get("task") or {}
     rollout = run.get("rollout") or {}

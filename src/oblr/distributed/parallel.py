@@ -30,19 +30,18 @@ bucketed all-reduce; docs/distributed.md has the numbers and the choice.
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from typing import Annotated, Literal
-
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed.fsdp import FSDPModule
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from oblr.config import Range
 from oblr.registry import Registry
 
-from .collectives import DEFAULT_BUCKET_MB, all_reduce_grads
-from .env import is_distributed, is_main, require_launch
-from .fsdp import ShardedGradSink, shard_model
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    from torch import nn
+
+    from .fsdp import ShardedGradSink
+
+
+DEFAULT_BUCKET_MB = 25.0  # torch DDP's default bucket size (gradients reduced per all-reduce)
 
 PARALLEL = Registry("distributed strategy")
 
@@ -53,6 +52,8 @@ class _FullState:
     def save_state(self, run_dir, step: int, model, tokenizer, optimizer, state: dict, *, keep: int,
                    final: bool) -> None:
         from oblr.train import checkpoint as ckpt
+
+        from .env import is_main
 
         if is_main():
             ckpt.save_checkpoint(run_dir, step, model, tokenizer, {**state, "optimizer": optimizer.state_dict()},
@@ -95,6 +96,11 @@ class Replicated(_FullState):
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Every rank gets rank 0's parameters and buffers (as DDP's constructor does)."""
+        import torch
+        import torch.distributed as dist
+
+        from .env import is_distributed
+
         if is_distributed():
             with torch.no_grad():
                 for t in list(model.parameters()) + list(model.buffers()):
@@ -105,6 +111,8 @@ class Replicated(_FullState):
         return None
 
     def reduce_grads(self, params) -> None:
+        from .collectives import all_reduce_grads
+
         all_reduce_grads(params, bucket_mb=self.bucket_mb)
 
     def generation(self, model: nn.Module):
@@ -126,11 +134,16 @@ class Sharded:
         self._sink: ShardedGradSink | None = None
 
     def prepare(self, model: nn.Module) -> nn.Module:
+        from .env import require_launch
+        from .fsdp import shard_model
+
         require_launch("parallel mode 'fsdp'")
         return shard_model(model, param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype,
                            reshard_after_forward=self.reshard_after_forward)
 
     def grad_sink(self) -> ShardedGradSink:
+        from .fsdp import ShardedGradSink
+
         self._sink = ShardedGradSink(self.bucket_mb)
         return self._sink
 
@@ -143,6 +156,8 @@ class Sharded:
     def generation(self, model: nn.Module):
         """The whole model unsharded for sampling (memory: one full copy of the parameters per rank while
         it lasts); the forwards inside run no collective, so ranks may run different numbers of them."""
+        from torch.distributed.fsdp import FSDPModule
+
         modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
         for m in modules:  # the same order on every rank: one all-gather each
             m.unshard()
@@ -168,6 +183,7 @@ class Sharded:
         from oblr.train import checkpoint as ckpt
 
         from .collectives import broadcast_object
+        from .env import is_main
         from .sharded_state import SHARDED_DIR, full_model_state, save_sharded
 
         main = is_main()

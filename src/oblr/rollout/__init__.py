@@ -33,11 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from oblr.registry import Registry
+
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    import torch
 
 
 @dataclass

@@ -27,9 +27,6 @@ import random
 import shutil
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from oblr.disk_errors import writes_as_os_errors
 
 STATE_FILE = "trainer_state.pt"
@@ -37,6 +34,9 @@ MANIFEST = "MANIFEST.json"
 
 
 def rng_state() -> dict:
+    import numpy as np
+    import torch
+
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -44,6 +44,9 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    import numpy as np
+    import torch
+
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -174,6 +177,8 @@ def write_state(folder: Path, step: int, state: dict) -> None:
     (else the current one). A full disk or an I/O error is raised as the ``OSError`` it is: ``torch.save``
     reports it as a bare ``RuntimeError`` from its zip writer (on a path), or raises one while closing the
     zip over the ``OSError`` of a Python file object's write; the latter is unwrapped here."""
+    import torch
+
     with writes_as_os_errors():
         with open(Path(folder) / STATE_FILE, "wb") as f:
             torch.save({**state, "step": step, "rng": state.get("rng") or rng_state()}, f)
@@ -227,6 +232,8 @@ def latest_checkpoint(run_dir: str | Path, *, deep: bool = False, warn=None, bef
 
 
 def load_trainer_state(ckpt: Path) -> dict:
+    import torch
+
     return torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False)
 
 
