@@ -21,7 +21,7 @@ missing, is skipped).
 :meth:`Registry.options` reads the keyword options an entry accepts from its signature (after the
 ``leading`` parameters oblr passes itself, e.g. ``model, tokenizer`` of an engine factory; ``target``
 picks the callable out of an entry that is not one), so config validation checks option names, types and
-ranges of built-in and plugin entries alike without calling them (:func:`oblr.config.option_problems`).
+ranges of built-in and plugin entries alike without calling them (:func:`oblr.checks.option_problems`).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Annotated
 
-from oblr.config import Range
+from oblr.checks import Range
 from oblr.registry import Registry
 from oblr.schedules import register_schedule
 from oblr.snr import SNRStats

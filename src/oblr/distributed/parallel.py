@@ -32,7 +32,7 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from oblr.config import Range
+from oblr.checks import Range
 from oblr.registry import Registry
 
 if TYPE_CHECKING:  # annotations only: importing this module does not import torch

@@ -278,7 +278,7 @@ def register_cli(sub) -> None:
 
 
 def _cmd_proxy_study(args) -> int:
-    from oblr.config import COUNT, Range, check_flags
+    from oblr.checks import COUNT, Range, check_flags
     from oblr.distributed.env import resolve_device
     from oblr.experiments.stats import config_value, run_config
 

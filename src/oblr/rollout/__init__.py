@@ -81,7 +81,7 @@ def register_engine(name: str) -> Callable:
 def make_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
     """The engine registered as ``name``, built for ``model`` and ``tokenizer`` with ``options`` (their names,
     types and ranges checked against the factory's signature first: :func:`oblr.config.check_options`)."""
-    from oblr.config import check_options
+    from oblr.checks import check_options
 
     factory = ENGINES.get(name)
     return factory(model, tokenizer, **check_options(ENGINES, name, options, "rollout.engine_options"))

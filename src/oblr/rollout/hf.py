@@ -22,7 +22,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
-from oblr.config import INT_MAX, Range
+from oblr.checks import INT_MAX, Range
 from oblr.rollout import RolloutBatch, register_engine
 
 if TYPE_CHECKING:  # annotations only: importing this module does not import torch

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-from oblr.config import INT_MAX, Range
+from oblr.checks import INT_MAX, Range
 from oblr.rollout import RolloutBatch, register_engine
 from oblr.rollout.hf import assemble_batch, check_generate_args, encode_prompts, special_ids
 
