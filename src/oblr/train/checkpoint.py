@@ -20,7 +20,6 @@ works.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -28,6 +27,7 @@ import shutil
 from pathlib import Path
 
 from oblr.disk_errors import writes_as_os_errors
+from oblr.hashing import sha256_file
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "MANIFEST.json"
@@ -75,14 +75,6 @@ def write_text_atomic(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _files(folder: Path) -> list[Path]:
     """Every file under ``folder`` (subfolders too: a sharded checkpoint's ``sharded/``), sorted."""
     return sorted(f for f in Path(folder).rglob("*") if f.is_file())
@@ -90,7 +82,7 @@ def _files(folder: Path) -> list[Path]:
 
 def write_manifest(folder: Path) -> None:
     """``folder/MANIFEST.json``: ``{relative path: {"size": bytes, "sha256": hex}}`` of every other file."""
-    files = {f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": _sha256(f)}
+    files = {f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": sha256_file(f)}
              for f in _files(folder) if f != Path(folder) / MANIFEST}
     with open(folder / MANIFEST, "w") as f:
         json.dump({"files": files}, f, indent=1)
@@ -116,7 +108,7 @@ def checkpoint_problem(ckpt: Path, *, deep: bool = False) -> str | None:
             return f"{name} is missing"
         if f.stat().st_size != want["size"]:
             return f"{name} has {f.stat().st_size} bytes, {want['size']} were written"
-        if deep and _sha256(f) != want["sha256"]:
+        if deep and sha256_file(f) != want["sha256"]:
             return f"{name} has changed since it was written (sha256 differs)"
     return None
 
