@@ -59,22 +59,20 @@ def parse_args(argv=None):
 
 
 def heldout(model, tokenizer, task, a) -> dict:
-    """Sampled and greedy held-out accuracy of ``model`` (the same function for every run)."""
+    """Sampled and greedy held-out accuracy of ``model`` (the same function for every run: the one
+    ``oblr train`` evaluates with, :func:`oblr.train.evaluation.heldout_eval`)."""
     import torch
 
-    from oblr.rollout import generate_and_score, make_engine
+    from oblr.rollout import make_engine
     from oblr.tasks import reward_scorer
+    from oblr.train.evaluation import heldout_eval
 
-    exs = task.eval[: a.eval_problems]
-    engine = make_engine("hf", model, tokenizer)
-    score = reward_scorer(task)
     model.eval()
     with torch.no_grad():
-        _, sampled = generate_and_score(engine, exs, score, num_samples=a.eval_samples,
-                                        max_new_tokens=a.max_completion_length, temperature=1.0, seed=12345)
-        _, greedy = generate_and_score(engine, exs, score, num_samples=1, max_new_tokens=a.max_completion_length,
-                                       greedy=True)
-    return {"sampled": float(sampled.float().mean()), "greedy": float(greedy.float().mean())}
+        h = heldout_eval(make_engine("hf", model, tokenizer), task.eval[: a.eval_problems], reward_scorer(task),
+                         samples=a.eval_samples, max_new_tokens=a.max_completion_length, temperature=1.0,
+                         seed=12345, greedy=True)
+    return {"sampled": h.accuracy_sampled(), "greedy": h.accuracy_greedy()}
 
 
 def _trl_run(variant: str, seed: int, a, out: Path) -> dict:

@@ -1,11 +1,14 @@
-"""Command line: ``oblr train | eval | compare | report | proxy-study | tasks``.
+"""Command line: ``oblr train | eval | compare | report | proxy-study | models | tasks``.
 
 Each subcommand's options live beside its implementation (``oblr eval``: :mod:`oblr.evaluate`; ``compare``,
-``report``, ``proxy-study``: :mod:`oblr.experiments.runner`); this module assembles the parser, defines
-``train`` and ``tasks``, loads plugins (``--plugin MODULE`` and the ``oblr.plugins`` entry points,
-:mod:`oblr.plugins`) before anything is parsed or validated, and turns bad input into one line on stderr
-with exit status 2. ``key=value`` overrides may be given before or after options; every one of them is
-validated, and the problems of all of them are reported together.
+``report``, ``proxy-study``: :mod:`oblr.experiments.runner`; ``models``: :mod:`oblr.models.cli`); this
+module assembles the parser, defines ``train`` and ``tasks``, loads plugins (``--plugin MODULE`` and the
+``oblr.plugins`` entry points, :mod:`oblr.plugins`) before anything is parsed or validated, and turns bad
+input into one line on stderr with exit status 2. ``key=value`` overrides may be given before or after
+options; every one of them is validated, and the problems of all of them are reported together. ``--help``,
+``oblr tasks`` and every config refusal answer before torch is imported (the registries load without it;
+``oblr train`` imports the trainer once the config is valid): tests/core/test_fast_cli.py,
+benchmarks/cli_startup.py.
 """
 
 from __future__ import annotations
@@ -15,9 +18,6 @@ import os
 import sys
 
 from oblr import __version__
-
-# the most processes --nproc starts on one machine (torchrun --standalone is single-node)
-MAX_NPROC = 1024
 
 
 def _train_parser(sub) -> None:
@@ -46,100 +46,21 @@ def _train_parser(sub) -> None:
     p.set_defaults(func=_cmd_train)
 
 
-def _saved_config(args) -> str | None:
-    """With ``--resume`` and no ``--config``: the run folder's own config.yaml (overrides apply on top)."""
-    from pathlib import Path
-
-    if not (args.resume or args.resume_or_start) or args.config:
-        return None
-    out = args.output_dir
-    for o in args.overrides:
-        if o.startswith("train.output_dir="):
-            out = o.split("=", 1)[1]
-    saved = Path(out) / "config.yaml" if out else None
-    return str(saved) if saved is not None and saved.is_file() else None
-
-
 def _cmd_train(args) -> int:
     from oblr.config import load_config
-    from oblr.train import train
+    from oblr.launch import exec_torchrun, saved_config, strategy_under_torchrun
 
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
     if args.nproc is not None:
-        return _launch_torchrun(args, overrides)
-    cfg = load_config(args.config or _saved_config(args), overrides)
-    if _torchrun_ranks() > 1 and cfg.distributed.strategy == "none":
-        cfg = load_config(args.config or _saved_config(args), [*overrides, "distributed.strategy=ddp"])
-        if os.environ.get("RANK") == "0":
-            print(f"[oblr] torchrun started {_torchrun_ranks()} processes: distributed.strategy none becomes ddp",
-                  file=sys.stderr, flush=True)
+        return exec_torchrun(args, overrides)
+    cfg = strategy_under_torchrun(load_config(args.config or saved_config(args), overrides),
+                                  lambda more: load_config(args.config or saved_config(args), [*overrides, *more]))
+    from oblr.train import train  # torch, transformers: only once the config is valid
+
     train(cfg, resume=args.resume, quiet=args.quiet, or_start=args.resume_or_start)
     return 0
-
-
-def _torchrun_ranks() -> int:
-    """WORLD_SIZE of a torchrun launch (1 without one); the launch's own variables, no torch import."""
-    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
-        return 1
-    try:
-        return int(os.environ["WORLD_SIZE"])
-    except ValueError:
-        return 1  # check_distributed reports a malformed launch
-
-
-def nproc_warning(k: int, cores: int | None = None) -> str | None:
-    """The warning of ``--nproc K`` with more processes than this machine has CPU cores (like
-    ``train.threads``): they compete for the cores, so the run is slower than with fewer."""
-    cores = (os.cpu_count() or 1) if cores is None else cores
-    if k <= cores:
-        return None
-    return f"[oblr] --nproc {k} exceeds this machine's {cores} CPU cores; processes will compete for them"
-
-
-def torchrun_command(args, overrides: list[str]) -> tuple[list[str], list[str]]:
-    """``(command, overrides)`` of ``oblr train --nproc K``: torchrun on this machine running ``oblr.cli train``
-    with the same arguments (``distributed.strategy=ddp`` added when the config says none and K > 1). The
-    config and the layout are checked here first, so a bad setup fails before any process starts."""
-    from oblr.config import ConfigError, load_config
-    from oblr.distributed import launched
-    from oblr.train.ranks import check_distributed
-
-    k = args.nproc
-    if not 1 <= k <= MAX_NPROC:
-        raise ConfigError(f"--nproc must be in [1, {MAX_NPROC}] (processes on this machine, one per device), got {k}")
-    if launched():
-        raise ConfigError("--nproc starts torchrun itself, but this process was already started by a distributed "
-                          "launch (RANK/WORLD_SIZE are set); leave --nproc out under torchrun")
-    config = args.config or _saved_config(args)
-    if k > 1 and load_config(config, overrides).distributed.strategy == "none":
-        overrides = [*overrides, "distributed.strategy=ddp"]
-    cfg = load_config(config, overrides)
-    check_distributed(cfg, {"WORLD_SIZE": str(k), "RANK": "0"})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(k),
-           "-m", "oblr.cli", "train", *overrides]
-    if args.config:
-        cmd += ["--config", args.config]
-    for module in args.plugin:
-        cmd += ["--plugin", module]
-    cmd += [flag for flag, on in (("--resume", args.resume), ("--resume-or-start", args.resume_or_start),
-                                  ("--quiet", args.quiet)) if on]
-    return cmd, overrides
-
-
-def _launch_torchrun(args, overrides: list[str]) -> int:
-    """Replace this process by torchrun (signals and the exit status are torchrun's own)."""
-    cmd, _ = torchrun_command(args, overrides)
-    warning = nproc_warning(args.nproc)
-    if warning:
-        print(warning, file=sys.stderr)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")  # one thread per process (torchrun's own default, said quietly)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, cmd, env)
-    return 1  # pragma: no cover -- execve does not return
 
 
 def _tasks_parser(sub) -> None:
@@ -165,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"oblr {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _train_parser(sub)
-    for modname in ("oblr.evaluate", "oblr.experiments.runner"):
+    for modname in ("oblr.evaluate", "oblr.experiments.runner", "oblr.models.cli"):
         try:
             mod = __import__(modname, fromlist=["register_cli"])
         except ModuleNotFoundError as e:

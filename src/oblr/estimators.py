@@ -35,10 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from oblr.registry import Registry, option_parameters
+
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    import torch
 
 WEIGHT_KINDS = (None, "exact", "length", "logit_energy")
 
@@ -113,6 +115,8 @@ def get_estimator(name: str | Estimator) -> Estimator:
 
 def _others(x: torch.Tensor) -> torch.Tensor:
     """Leave-one-out sums: out[n, i] = sum_{j != i} x[n, j]. [N, G] -> [N, G]."""
+    import torch
+
     g = x.shape[-1]
     off = 1.0 - torch.eye(g, dtype=x.dtype, device=x.device)
     return x @ off
@@ -124,6 +128,8 @@ def _loo_mean(rewards: torch.Tensor) -> torch.Tensor:
 
 def _other_outputs_mean(w: torch.Tensor) -> torch.Tensor:
     """Mean weight of all outputs of the batch except output (n, i), [N, G] (the guard's scale)."""
+    import torch
+
     count = w.numel() - 1
     if count == 0:
         return torch.zeros_like(w)
@@ -132,6 +138,8 @@ def _other_outputs_mean(w: torch.Tensor) -> torch.Tensor:
 
 def _weighted_mean(rewards, w, fallback_mean, *, leave_one_out: bool, guard_eps: float) -> BaselineOutput:
     """sum w_j F_j / sum w_j over j != i (leave_one_out) or all j, with the guard's fallback."""
+    import torch
+
     if leave_one_out:
         num, den = _others(w * rewards), _others(w)
     else:
@@ -150,6 +158,8 @@ def _weighted_mean(rewards, w, fallback_mean, *, leave_one_out: bool, guard_eps:
 @register_estimator("reinforce", min_group_size=1)
 def reinforce(rewards, weights=None):
     """b = 0."""
+    import torch
+
     return torch.zeros_like(rewards)
 
 
@@ -203,6 +213,8 @@ def oblr_self(rewards, weights, *, guard_eps: float = 1e-6):
 
 
 def _as_float(x: torch.Tensor, what: str, like: torch.Tensor | None = None) -> torch.Tensor:
+    import torch
+
     if not isinstance(x, torch.Tensor):
         x = torch.as_tensor(x)
     if like is not None:
@@ -214,6 +226,8 @@ def _as_float(x: torch.Tensor, what: str, like: torch.Tensor | None = None) -> t
 
 def _validate(est: Estimator, rewards, weights, lengths):
     """Check inputs and pick the weights the method uses. Returns (rewards, w or None)."""
+    import torch
+
     rewards = _as_float(rewards, "rewards")
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be 2-D [N prompts, G outputs], got shape {tuple(rewards.shape)}")
@@ -246,6 +260,8 @@ def _validate(est: Estimator, rewards, weights, lengths):
 
 
 def _run(method, rewards, weights, lengths, options):
+    import torch
+
     est = get_estimator(method)
     accepted = est.option_names()
     if accepted is not None:
@@ -277,6 +293,8 @@ class Estimate:
     @staticmethod
     def cat(parts: list[Estimate]) -> Estimate:
         """The estimate of a batch processed in parts of whole prompts (concatenated along N)."""
+        import torch
+
         def cat(name):
             ts = [getattr(p, name) for p in parts]
             return None if any(t is None for t in ts) else torch.cat(ts)
@@ -287,6 +305,8 @@ class Estimate:
         """Detached 0-d tensors (no host sync); stds and variances are population ones (never NaN):
         ``baseline/{mean,std_across_prompts,fallback_count}``, ``adv/{mean,std,var_across_prompts}`` and,
         with weights, ``weights/{mean,std,cv_within_group,max_over_mean}``."""
+        import torch
+
         b, adv = self.baseline.detach(), self.advantages.detach()
         if self.fallback is None:
             fallback = torch.zeros((), dtype=torch.long, device=b.device)

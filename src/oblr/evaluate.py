@@ -41,7 +41,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TextIO
 
-from oblr.config import COUNT, Range
+from oblr.checks import COUNT, Range
 from oblr.grading import DEFAULT_TIMEOUT, grade_many
 from oblr.tasks import TASKS, get_task
 from oblr.tasks.base import task_accepts
@@ -371,7 +371,7 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from oblr.config import check_options
+    from oblr.checks import check_options
     from oblr.distributed.env import resolve_device
     from oblr.models import load_model_and_tokenizer
     from oblr.rollout import ENGINES, check_engine, make_engine

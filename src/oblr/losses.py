@@ -25,10 +25,12 @@ micro-batch or a data-parallel rank passes the totals of the batch it belongs to
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from oblr.registry import Registry
+
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -56,18 +58,24 @@ AGGREGATIONS = Registry("loss aggregation")
 
 @AGGREGATIONS.register("seq_sum_const")
 def _seq_sum_const(mask: torch.Tensor, max_len: int | None, totals: BatchTotals) -> torch.Tensor:
+    import torch
+
     width = totals.width if max_len is None else max_len
     return torch.full(mask.shape[:1], 1.0 / (totals.sequences * width), dtype=mask.dtype, device=mask.device)
 
 
 @AGGREGATIONS.register("token_mean")
 def _token_mean(mask: torch.Tensor, max_len: int | None, totals: BatchTotals) -> torch.Tensor:
+    import torch
+
     total = torch.as_tensor(totals.tokens, dtype=mask.dtype, device=mask.device).clamp(min=1.0)
     return (1.0 / total).expand(mask.shape[0]).clone()
 
 
 @AGGREGATIONS.register("seq_mean")
 def _seq_mean(mask: torch.Tensor, max_len: int | None, totals: BatchTotals) -> torch.Tensor:
+    import torch
+
     lengths = mask.sum(-1)
     # an empty response has no tokens: its factor is irrelevant, 0 keeps it out of everything
     return torch.where(lengths > 0, 1.0 / (totals.sequences * lengths.clamp(min=1.0)), torch.zeros_like(lengths))
@@ -78,15 +86,19 @@ UNBIASED_AGGREGATIONS = frozenset({"seq_sum_const"})
 
 
 def sequence_scale(response_mask: torch.Tensor, aggregation: str, *, max_len: int | None = None,
-                   dtype: torch.dtype = torch.float32, totals: BatchTotals | None = None) -> torch.Tensor:
+                   dtype: torch.dtype | None = None, totals: BatchTotals | None = None) -> torch.Tensor:
     """Per-sequence factors c [B] such that the on-policy gradient of the loss is ``-sum_i A_i c_i s_i``.
 
     response_mask [B, T] (1 on response tokens). ``max_len`` (``seq_sum_const`` only) should be the
     generation limit (max new tokens); None uses the batch width T, which is constant within the batch
     but depends on the sampled lengths (a tiny bias) -- pass max_len for the exact unbiased form.
     ``totals``: the sizes of the whole batch these rows belong to (default: these rows alone), e.g. the
-    global batch of a data-parallel step (:func:`oblr.distributed.global_totals`).
+    global batch of a data-parallel step (:func:`oblr.distributed.global_totals`). ``dtype``: of the
+    factors (None: float32).
     """
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
     fn = AGGREGATIONS.get(aggregation)
     if response_mask.dim() != 2:
         raise ValueError(f"response_mask must be 2-D [B, T], got shape {tuple(response_mask.shape)}")
@@ -108,6 +120,8 @@ def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mas
     padding values cannot leak NaN. The penalty of the loss is ``kl_coef * sum_i c_i KL_i``; oblr logs the
     token mean ``sum_i KL_i / sum_{i,t} m_it`` as ``actor/kl``.
     """
+    import torch
+
     on = response_mask > 0
     d = torch.where(on, ref_logprobs.detach() - logprobs, torch.zeros_like(logprobs))
     return ((d.exp() - d - 1.0) * response_mask.to(logprobs.dtype)).sum(-1)
@@ -144,6 +158,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     replace the ones computed here -- needed when the batch is processed in micro-batches, since
     ``seq_sum_const``, ``token_mean`` and ``seq_mean`` all depend on the full batch size B or token count.
     """
+    import torch
+
     _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs)
     if clip_eps is not None and clip_eps <= 0:
         raise ValueError(f"clip_eps must be > 0 or None, got {clip_eps}")

@@ -21,7 +21,7 @@ missing, is skipped).
 :meth:`Registry.options` reads the keyword options an entry accepts from its signature (after the
 ``leading`` parameters oblr passes itself, e.g. ``model, tokenizer`` of an engine factory; ``target``
 picks the callable out of an entry that is not one), so config validation checks option names, types and
-ranges of built-in and plugin entries alike without calling them (:func:`oblr.config.option_problems`).
+ranges of built-in and plugin entries alike without calling them (:func:`oblr.checks.option_problems`).
 """
 
 from __future__ import annotations
@@ -127,10 +127,28 @@ def option_parameters(fn: Callable, *, leading: int = 0) -> dict[str, inspect.Pa
     takes ``**kwargs`` (any name is accepted)."""
     try:
         sig = inspect.signature(fn, eval_str=True)
-    except (NameError, TypeError, SyntaxError):  # an annotation that names something unimportable here
-        sig = inspect.signature(fn)
+    except (NameError, TypeError, SyntaxError):  # an annotation names something not imported at module level
+        sig = _each_evaluated(fn, inspect.signature(fn))
     params = list(sig.parameters.values())[leading:]
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
     return {p.name: p for p in params
             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+
+
+def _each_evaluated(fn: Callable, sig: inspect.Signature) -> inspect.Signature:
+    """``sig`` with every string annotation evaluated on its own in ``fn``'s module: one that cannot be (e.g.
+    ``torch.Tensor`` in a module that imports torch only inside its functions) stays text and is not
+    checked, while the others (an option's ``Annotated[float, Range(...)]``) still are."""
+    target = fn.__init__ if inspect.isclass(fn) else inspect.unwrap(fn)
+    namespace = getattr(target, "__globals__", {})
+    params = []
+    for p in sig.parameters.values():
+        annotation = p.annotation
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, namespace)  # as inspect.signature(eval_str=True) does
+            except Exception:  # noqa: BLE001
+                pass
+        params.append(p.replace(annotation=annotation))
+    return sig.replace(parameters=params)

@@ -17,7 +17,7 @@ import math
 from oblr.registry import Registry
 from oblr.snr import SNRLearningRate, SNRStats
 
-SCHEDULES = Registry("learning-rate schedule")
+SCHEDULES = Registry("learning-rate schedule", modules=("oblr.step_scale",))  # step_scale registers "auto"
 
 
 def register_schedule(name: str):
@@ -150,6 +150,3 @@ class SNRSchedule:
 
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state)
-
-
-from oblr import step_scale as _step_scale  # noqa: E402,F401  registers "auto" (it imports this module's registry)

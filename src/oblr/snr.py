@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    import torch
 
 
 def _snr(S: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """S / V with V <= 0 -> inf (S > 0) or 0 (S == 0). Never NaN for finite inputs."""
+    import torch
+
     pos = V > 0
     safe = torch.where(pos, V, torch.ones_like(V))
     return torch.where(pos, S / safe, torch.where(S > 0, torch.full_like(S, math.inf), torch.zeros_like(S)))
@@ -62,6 +66,8 @@ def snr_statistics(per_prompt_sq_norms: torch.Tensor, mean_grad_sq_norm, n_promp
     all-reduce over data-parallel ranks; then ``n_prompts`` is required). mean_grad_sq_norm: ||gbar||^2.
     Computed in the dtype of ``per_prompt_sq_norms`` (float64 for integer input). No host sync.
     """
+    import torch
+
     sq = torch.as_tensor(per_prompt_sq_norms)
     if not sq.is_floating_point():
         sq = sq.double()
@@ -109,6 +115,8 @@ def signal_noise_from_microbatches(micro_sq_norms, micro_size: int, full_sq_norm
 
     V is NOT clamped (it can be negative by chance; the controller clamps after any smoothing).
     """
+    import torch
+
     if not (0 < micro_size < full_size):
         raise ValueError(f"need 0 < micro_size < full_size, got micro_size={micro_size}, full_size={full_size}")
     micro = torch.as_tensor(micro_sq_norms)
@@ -131,6 +139,8 @@ def snr_factor(S: float, V: float, n: int) -> float:
 
 def snr_metrics(S: float, V: float, n: int) -> dict[str, float]:
     """``snr/{S,V,snr,n_snr,factor}`` for logging (floats), with the module's conventions for V <= 0."""
+    import torch
+
     snr = float(_snr(torch.tensor(S, dtype=torch.float64), torch.tensor(V, dtype=torch.float64)))
     return {"snr/S": S, "snr/V": V, "snr/snr": snr, "snr/n_snr": n * snr if snr else 0.0,
             "snr/factor": snr_factor(S, V, n)}

@@ -34,20 +34,23 @@ a few fused passes over them per step; no extra forward or backward. docs/algori
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
-
-from oblr.config import Range
+from oblr.checks import Range
 from oblr.registry import Registry
 from oblr.schedules import register_schedule
 from oblr.snr import SNRStats
+
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    import torch
 
 NOISE_GAINS = Registry("optimizer noise gain (auto lr)")
 
 
 def dot(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
     """``sum_p <a_p, b_p>`` over parameter lists (float64, 0-d)."""
+    import torch
+
     return sum((torch.sum(x.double() * y.double()) for x, y in zip(a, b)), torch.zeros((), dtype=torch.float64))
 
 
@@ -137,6 +140,8 @@ def _sgd_gain(optimizer, params, g_prev, g_prev_sq: float) -> float:
 @NOISE_GAINS.register("AdamW")
 def _adam_gain(optimizer, params, g_prev, g_prev_sq: float) -> float:
     """(1-b1)/(1-b1^k) * sum_i g_i^2 / (sqrt(vhat_i) + eps) / |g|^2 from the optimizer state after step k."""
+    import torch
+
     if g_prev_sq <= 0:
         return 0.0
     group = optimizer.param_groups[0]
@@ -198,6 +203,8 @@ class AutoStepSchedule:
             g["lr"] = self._applied
 
     def _measure(self, g_now: list[torch.Tensor], g_now_sq: float) -> None:
+        import torch
+
         p = self.prev
         with torch.no_grad():
             delta = torch._foreach_sub([q.detach() for q in self.params], p["theta"])
@@ -222,6 +229,8 @@ class AutoStepSchedule:
         self.lr = target_lr(d_lo, h_hi, self.lr, self.max_change)
 
     def step(self, stats: SNRStats | None = None) -> None:
+        import torch
+
         if stats is None:
             raise ValueError("the auto schedule needs the step's SNR statistics (V: the noise correction)")
         g_now = [q.grad.detach() if q.grad is not None else torch.zeros_like(q) for q in self.params]

@@ -50,6 +50,7 @@ from oblr.estimators import Estimate, estimate, get_estimator
 from oblr.gradnorm import BookKeeper, length_weights, logit_energy_weights
 from oblr.logprobs import forward_logits, response_token_logprobs, sequence_logprobs, token_entropy
 from oblr.losses import BatchTotals, policy_loss, sequence_kl, sequence_scale
+from oblr.params import grad_sq_norm, trainable_params  # noqa: F401 (re-exported: the core's API)
 from oblr.snr import SNRStats, snr_statistics
 
 
@@ -69,6 +70,8 @@ class UpdateSettings:
     kl_coef: float = 0.0
     temperature: float = 1.0     # the sampling distribution the rollouts came from (rollout.temperature) ...
     top_p: float = 1.0           # ... and its nucleus (rollout.top_p): tokens are scored under it
+    assemble_grad: bool = True   # add the gradient to .grad (False: an engine that runs its own backward,
+    #                              e.g. DeepSpeed, gets the advantages and, with need_snr, the norms ||g_k||^2)
 
     @classmethod
     def from_config(cls, cfg, *, schedule_needs_snr: bool) -> UpdateSettings:
@@ -82,7 +85,7 @@ class UpdateSettings:
 
 
 # fields of UpdateSettings that are not keys of the config's ``algorithm`` section
-DERIVED = frozenset({"need_snr", "temperature", "top_p"})
+DERIVED = frozenset({"need_snr", "temperature", "top_p", "assemble_grad"})
 
 
 @dataclass
@@ -115,35 +118,34 @@ def micro_batches(n_prompts: int, group_size: int, groups_per_mb: int):
         yield k0, k1, slice(k0 * group_size, k1 * group_size)
 
 
-def _entropy_sum(logits: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+def _entropy_sum(logits: torch.Tensor, response_mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Summed token entropy of the sampling distribution ``softmax(logits / temperature)`` over response tokens."""
     with torch.no_grad():
-        return (token_entropy(logits.detach()) * response_mask).sum()
+        logits = logits.detach()
+        if temperature != 1.0:
+            logits = logits / temperature
+        return (token_entropy(logits) * response_mask).sum()
 
 
-def _scored_logprobs(model, input_ids, attention_mask, response_mask, settings: UpdateSettings):
+def _scored_logprobs(model, input_ids, attention_mask, response_mask, settings: UpdateSettings, autocast=None):
     """``(logits, token log-probs [B, T])``: response tokens scored under the distribution that sampled them
-    (``softmax(logits / temperature)``, top-p truncated and renormalised), 0 elsewhere."""
-    logits = forward_logits(model, input_ids, attention_mask)
+    (``softmax(logits / temperature)``, top-p truncated and renormalised), 0 elsewhere. ``autocast``: a
+    context-manager factory the forward runs in (e.g. accelerate's mixed precision)."""
+    with autocast() if autocast is not None else nullcontext():
+        logits = forward_logits(model, input_ids, attention_mask)
     return logits, response_token_logprobs(logits, input_ids, response_mask, temperature=settings.temperature,
                                            top_p=settings.top_p)
 
 
-def _reference_logprobs(ref_model, input_ids, attention_mask, response_mask, settings) -> torch.Tensor:
+def _reference_logprobs(ref_model, input_ids, attention_mask, response_mask, settings, autocast=None) -> torch.Tensor:
     with torch.no_grad():
-        return _scored_logprobs(ref_model, input_ids, attention_mask, response_mask, settings)[1]
-
-
-def grad_sq_norm(model) -> torch.Tensor:
-    """``sum_p ||p.grad||^2`` over the trainable parameters (float32, 0-d; no host sync)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    device = params[0].device if params else None
-    return sum((p.grad.float().pow(2).sum() for p in params if p.grad is not None),
-               torch.zeros((), device=device))
+        return _scored_logprobs(ref_model, input_ids, attention_mask, response_mask, settings, autocast)[1]
 
 
 def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: UpdateSettings,
                                *, ref_model=None, totals: BatchTotals | None = None,
-                               grad_sink=None) -> UpdateResult:
+                               grad_sink=None, seq_scale: torch.Tensor | None = None,
+                               n_prompts: int | None = None, autocast=None) -> UpdateResult:
     """Add the policy-gradient of the loss to ``.grad`` of the trainable parameters.
 
     ``batch`` has ``input_ids``, ``attention_mask``, ``response_mask`` [B, T] (rows prompt-major,
@@ -159,12 +161,24 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     ``per_prompt_sq_norms`` are ``||N_tot h_k||^2``; ``grad_sq_norm`` and ``snr`` are then None.
     ``grad_sink(param, increment)``: where the book-keeping path puts each parameter's gradient
     increment (default ``param.grad += increment``; see :class:`oblr.gradnorm.BookKeeper`).
+    ``seq_scale`` [B]: the factors c_i, when the caller's loss fixes them (a framework's own normalisation,
+    times per-row importance ratios); default :func:`oblr.losses.sequence_scale` of ``settings.aggregation``.
+    ``n_prompts``: prompts of the whole batch (over all ranks) when ``seq_scale`` is given and ``totals``
+    is not (scales ``per_prompt_sq_norms``; ``grad_sq_norm`` and ``snr`` are then None, as with ``totals``).
+    ``autocast``: a context-manager factory the forward passes run in. With ``settings.assemble_grad``
+    False nothing is added to ``.grad`` (``grad_sq_norm`` and ``snr`` are None); the advantages and, with
+    ``need_snr``, ``per_prompt_sq_norms`` are computed as usual.
     """
     N, G = rewards.shape
     ids, am, rm = batch.input_ids, batch.attention_mask, batch.response_mask
     rmf = rm.to(torch.float32)
-    scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len, totals=totals)  # [B]
-    n_total = N if totals is None else totals.sequences // G
+    if seq_scale is None:
+        scale = sequence_scale(rmf, settings.aggregation, max_len=settings.max_len, totals=totals)  # [B]
+    elif tuple(seq_scale.shape) != (ids.shape[0],):
+        raise ValueError(f"seq_scale must have shape ({ids.shape[0]},), one factor per row; got {tuple(seq_scale.shape)}")
+    else:
+        scale = seq_scale.to(torch.float32)
+    n_total = n_prompts if n_prompts is not None else N if totals is None else totals.sequences // G
     lengths = batch.response_lengths.to(torch.float32).view(N, G)
     source = get_estimator(settings.baseline).weights
     kl_on = settings.kl_coef > 0
@@ -178,13 +192,13 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     loss_sum, ent_sum, kl_sum = rmf.new_zeros(()), rmf.new_zeros(()), rmf.new_zeros(())
     for k0, k1, rows in micro_batches(N, G, settings.micro_batch_groups):
         r_mb, rm_mb, c_mb = rewards[k0:k1], rmf[rows], scale[rows]
-        ref_lp = _reference_logprobs(ref_model, ids[rows], am[rows], rm[rows], settings) if kl_on else None
+        ref_lp = _reference_logprobs(ref_model, ids[rows], am[rows], rm[rows], settings, autocast) if kl_on else None
         with book.record() if book is not None else nullcontext():
-            logits, tok_lp = _scored_logprobs(model, ids[rows], am[rows], rm[rows], settings)
+            logits, tok_lp = _scored_logprobs(model, ids[rows], am[rows], rm[rows], settings, autocast)
             seq_lp = sequence_logprobs(tok_lp, rm_mb)
             if book is not None and (source == "exact" or not kl_on):
                 book.backward(seq_lp, retain_graph=kl_on)  # records s_i; with KL, kept for obj_i below
-        ent_sum = ent_sum + _entropy_sum(logits, rm_mb)
+        ent_sum = ent_sum + _entropy_sum(logits, rm_mb, settings.temperature)
 
         weights = None
         if source is not None:
@@ -201,7 +215,8 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
             ref_lps.append(ref_lp)
 
         if book is None:
-            obj.sum().backward()
+            if settings.assemble_grad:
+                obj.sum().backward()
         else:
             row_coeffs = coeffs
             if kl_on:  # the records of obj_i itself: each row's gradient includes its KL term
@@ -209,8 +224,10 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
                 row_coeffs = torch.ones_like(coeffs)
             if settings.need_snr:  # .grad and ||g_k||^2 (g_k = N sum_{i in k} grad obj_i) from one pass
                 local_groups = torch.arange(k1 - k0, device=coeffs.device).repeat_interleave(G)
-                gks.append(book.accumulate_grad_with_group_norms(row_coeffs, local_groups) * (n_total * n_total))
-            else:
+                gk = (book.accumulate_grad_with_group_norms(row_coeffs, local_groups) if settings.assemble_grad
+                      else book.group_sq_norms(row_coeffs, local_groups))
+                gks.append(gk * (n_total * n_total))
+            elif settings.assemble_grad:
                 book.accumulate_grad(row_coeffs)
             book.clear()
         loss_sum = loss_sum + obj.detach().sum()
@@ -226,7 +243,7 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
         metrics["actor/kl"] = kl_sum / n_tok
     per_prompt = torch.cat(gks) if gks else None
     gsq = stats = None
-    if totals is None:  # a data-parallel rank's .grad is a partial sum: oblr.distributed reduces first
+    if totals is None and n_prompts is None and settings.assemble_grad:  # a rank's .grad is a partial sum: oblr.distributed reduces it
         gsq = grad_sq_norm(model)
         stats = snr_statistics(per_prompt, gsq, N) if per_prompt is not None else None
     return UpdateResult(est.advantages.detach(), torch.cat(old_lps), per_prompt, metrics, grad_sq_norm=gsq,

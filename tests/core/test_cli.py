@@ -117,7 +117,8 @@ def test_nproc_inside_a_torchrun_launch_is_refused(no_model, capsys, monkeypatch
 
 def test_nproc_runs_torchrun_with_the_same_arguments(monkeypatch, tmp_path):
     """The command that replaces the process (what the 2-process run of tests/distributed executes)."""
-    from oblr.cli import build_parser, torchrun_command
+    from oblr.cli import build_parser
+    from oblr.launch import torchrun_command
 
     calls = []
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from oblr.registry import Registry, UnknownNameError
+from oblr.registry import Registry, UnknownNameError, option_parameters
 
 
 def test_register_get_names_contains():
@@ -44,3 +44,28 @@ def test_every_choice_of_the_config_is_a_registry_or_a_table():
                     "distributed.strategy"}
     for key, kind, names in choice_fields():
         assert names and kind, key
+
+
+def test_option_parameters_evaluate_each_annotation_alone():
+    """An annotation naming what its module imports only inside functions (``torch.Tensor`` in a module kept
+    torch-free at import) stays text; the other options keep their evaluated types and ranges."""
+    import typing
+
+    from oblr.config import ConfigError, Range, check_options
+
+    ns = {"Annotated": typing.Annotated, "Range": Range}
+    exec("from __future__ import annotations\n"
+         "def f(x: torch.Tensor, *, eps: Annotated[float, Range(gt=0)] = 1.0, n: int = 1): pass\n"
+         "class C:\n"
+         "    def __init__(self, m: nn.Module, *, eps: Annotated[float, Range(gt=0)] = 1.0): pass\n", ns)
+    params = option_parameters(ns["f"], leading=1)
+    assert typing.get_origin(params["eps"].annotation) is typing.Annotated
+    assert params["n"].annotation is int
+    assert option_parameters(ns["f"])["x"].annotation == "torch.Tensor"
+    assert typing.get_origin(option_parameters(ns["C"], leading=1)["eps"].annotation) is typing.Annotated
+    reg = Registry("thing", leading=1)
+    reg.register("f", ns["f"])
+    with pytest.raises(ConfigError, match=r"'opts.eps': must be > 0, got -1"):
+        check_options(reg, "f", {"eps": -1}, "opts")
+    with pytest.raises(ConfigError, match=r"'opts.n': expected int"):
+        check_options(reg, "f", {"n": "two"}, "opts")

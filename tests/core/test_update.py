@@ -212,3 +212,75 @@ def test_update_settings_take_the_sampling_distribution_from_the_rollout_config(
     cfg = load_config(overrides=["rollout.temperature=0.7", "rollout.top_p=0.9"])
     s = UpdateSettings.from_config(cfg, schedule_needs_snr=True)
     assert (s.temperature, s.top_p) == (0.7, 0.9)
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])
+def test_without_assembling_the_gradient_the_norms_and_advantages_are_the_same_and_grad_untouched(setup, kl_coef):
+    """assemble_grad=False (an engine that runs its own backward, e.g. TRL under DeepSpeed): the same
+    advantages, weights and per-prompt norms as the assembling call, micro-batched or not, and .grad stays None."""
+    model, ref, batch, rewards = setup
+    r = ref if kl_coef else None
+    whole, _ = _run(model, batch, rewards, r, baseline="oblr", kl_coef=kl_coef)
+    for mb in (0, 2):
+        for p in model.parameters():
+            p.grad = None
+        settings = UpdateSettings(aggregation="seq_sum_const", max_len=MAX_LEN, baseline="oblr", kl_coef=kl_coef,
+                                  micro_batch_groups=mb, assemble_grad=False)
+        res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=r)
+        assert all(p.grad is None for p in model.parameters())
+        assert res.grad_sq_norm is None and res.snr is None
+        assert torch.allclose(res.per_prompt_sq_norms, whole.per_prompt_sq_norms, rtol=2e-4)
+        assert torch.allclose(res.estimate.weights, whole.estimate.weights, rtol=1e-5)
+        assert torch.allclose(res.advantages, whole.advantages, rtol=1e-5, atol=1e-7)
+        assert float(res.metrics["optim/loss"]) == pytest.approx(float(whole.metrics["optim/loss"]), rel=1e-5)
+
+
+def test_given_factors_and_prompt_count_are_used_as_given(setup):
+    """seq_scale (a framework's own loss factors, e.g. TRL's dr_grpo times vLLM's per-row ratios) replaces
+    the aggregation's factors; n_prompts scales the per-prompt norms like the rows of a larger batch."""
+    model, _, batch, rewards = setup
+    c = sequence_scale(batch.response_mask.float(), "seq_sum_const", max_len=MAX_LEN)
+    ratio = torch.linspace(0.5, 1.5, N * G)
+    for p in model.parameters():
+        p.grad = None
+    settings = UpdateSettings(aggregation="token_mean", baseline="oblr")  # overridden by seq_scale
+    res = accumulate_policy_gradient(model, batch, rewards, settings, seq_scale=c * ratio, n_prompts=2 * N)
+    grad = [p.grad.clone() for p in _params(model)]
+    assert res.grad_sq_norm is None and res.snr is None  # the rows are part of a larger batch
+    # reference: one prompt at a time with the given factors; exact weights are (c_i r_i)^2 ||s_i||^2
+    params = _params(model)
+    s_rows = []
+    for i in range(N * G):
+        tok = token_logprobs(model, batch.input_ids[i:i + 1], batch.attention_mask[i:i + 1])
+        lp = (tok * batch.response_mask[i:i + 1].float()).sum()
+        s_rows.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(lp, params)]))
+    s = torch.stack(s_rows).double()
+    f = (c * ratio).double()
+    w_ref = s.pow(2).sum(-1) * f * f
+    assert torch.allclose(res.estimate.weights.reshape(-1).double(), w_ref, rtol=2e-4)
+    adv = compute_advantages("oblr", rewards.double(), weights=w_ref.view(N, G))
+    assert torch.allclose(res.advantages.double(), adv, rtol=1e-4, atol=1e-8)
+    contrib = -adv.reshape(-1, 1) * f[:, None] * s
+    flat, want = torch.cat([g.reshape(-1) for g in grad]).double(), contrib.sum(0)
+    assert float((flat - want).norm() / want.norm()) < 1e-4
+    gk = (2 * N) * contrib.view(N, G, -1).sum(1)
+    assert torch.allclose(res.per_prompt_sq_norms.double(), gk.pow(2).sum(-1), rtol=2e-4)
+    with pytest.raises(ValueError, match="seq_scale must have shape"):
+        accumulate_policy_gradient(model, batch, rewards, settings, seq_scale=c[:-1])
+
+
+def test_entropy_is_that_of_the_sampling_distribution(setup):
+    """train/entropy: the token mean of the entropy of softmax(logits / temperature), the distribution the
+    rollouts were drawn from (what TRL and verl log), on every path."""
+    model, _, batch, rewards = setup
+    from oblr.logprobs import forward_logits, token_entropy
+
+    rm = batch.response_mask.float()
+    with torch.no_grad():
+        logits = forward_logits(model, batch.input_ids, batch.attention_mask)
+    for t in (1.0, 0.7):
+        want = float((token_entropy(logits / t) * rm).sum() / rm.sum())
+        res, _ = _run(model, batch, rewards, baseline="grpo", temperature=t)
+        assert float(res.metrics["train/entropy"]) == pytest.approx(want, rel=1e-5)
+        plain, _ = _run(model, batch, rewards, baseline="grpo", temperature=t, need_snr=False)
+        assert float(plain.metrics["train/entropy"]) == pytest.approx(want, rel=1e-5)

@@ -47,8 +47,9 @@ def _check_round_against_reference(batch, res, grad, reference_model, G, tempera
     s = one_at_a_time_grads(reference_model, batch.input_ids, batch.attention_mask, batch.response_mask, temperature)
     c = batch.seq_scale.double()
     w_ref = s.pow(2).sum(-1) * c * c
-    assert rel_err(res.weights, w_ref) < 1e-4
-    assert (res.weights.double() - w_ref).abs().max() / w_ref.abs().max() < 1e-4
+    w = res.estimate.weights.reshape(-1)  # the w_i the core's estimator used
+    assert rel_err(w, w_ref) < 1e-4
+    assert (w.double() - w_ref).abs().max() / w_ref.abs().max() < 1e-4
     adv = compute_advantages("oblr", batch.rewards.double(), weights=w_ref.view(-1, G))
     assert adv.abs().max() > 0  # the varied reward differs within groups: a non-trivial comparison
     assert rel_err(res.advantages, adv) < 1e-4
@@ -61,7 +62,7 @@ def test_full_finetuning_weights_and_gradient_match_one_at_a_time_reference(full
     trainer = full_run.trainer
     assert len(full_run.rounds) == 2 and len(full_run.grads) == 2
     batch, res = full_run.rounds[0]  # the first generation batch, scored by the initial weights
-    assert batch.input_ids.shape[0] == 16 and res.group_sq_norms.shape == (4,)  # GA 2: two chunks of 2 groups
+    assert batch.input_ids.shape[0] == 16 and res.per_prompt_sq_norms.shape == (4,)  # GA 2: two chunks of 2 groups
     s, c, adv = _check_round_against_reference(batch, res, full_run.grads[0], full_run.reference,
                                                trainer.num_generations, temperature=0.7)
     # S, V, N and the lr of the first step by value, from the reference's per-prompt gradients: N is the

@@ -62,7 +62,7 @@ class GradSnapshot(TrainerCallback):
 
 class KeepRounds:
     """Wraps ``trainer._generate_and_score_completions`` to keep every generation batch's
-    ``(RoundInputs, RoundResult)`` (``trainer.oblr_last_round`` only holds the last one)."""
+    ``(GenerationBatch, oblr.update.UpdateResult)`` (``trainer.oblr_last_round`` only holds the last one)."""
 
     def __init__(self, trainer):
         self.rounds: list = []

@@ -70,3 +70,17 @@ def test_no_tracked_file_cites_notes_kept_outside_the_repository():
     found = _matches(OUTSIDE_CITATION)
     assert not found, ("tracked files cite notes that are not in the repository (cite docs/spec.md or the paper, "
                        "arXiv 2511.23310):\n" + "\n".join(found))
+
+
+_NAMED_FILE = re.compile(r"\b((?:tests|benchmarks|examples|scripts|src/oblr)/[\w/.-]+\.(?:py|sh|md|json|yaml))\b")
+
+
+def test_every_file_the_docs_name_exists():
+    """README and docs name test files, benchmarks and scripts as evidence: each one must exist."""
+    missing = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for m in _NAMED_FILE.finditer(doc.read_text()):
+            path = m.group(1).rstrip(".")
+            if "*" not in path and not (ROOT / path).exists():
+                missing.append(f"{doc.relative_to(ROOT)}: {path}")
+    assert not missing, "files named in the docs that do not exist:\n" + "\n".join(missing)

@@ -9,37 +9,44 @@
 - :mod:`.parallel` -- the modes by name: ``ddp`` (replicas, bucketed all-reduce) and ``fsdp``;
 - :mod:`.step` -- the data-parallel gradient accumulation, S, V and SNR from collective reductions.
 
-What is reduced, and how, is written out in docs/distributed.md.
+What is reduced, and how, is written out in docs/distributed.md. The names below are imported from their
+modules on first use (:mod:`oblr._lazy`): importing this package, or its torch-free :mod:`.parallel`
+(the config's choices), does not import torch.
 """
 
-from .collectives import (
-    all_gather_cat,
-    all_gather_objects,
-    all_reduce_grads,
-    all_reduce_sum,
-    broadcast_,
-    broadcast_object,
-    global_totals,
-    grad_sq_norm,
-    reduce_metrics,
-)
-from .env import (
-    DistEnv,
-    DistributedSetupError,
-    init_distributed,
-    is_distributed,
-    is_main,
-    launched,
-    rank,
-    require_launch,
-    resolve_backend,
-    shutdown,
-    world_size,
-)
-from .layout import check_layout, prompt_slice, row_slice, shard_rows, split_evenly
-from .parallel import PARALLEL, Replicated, Sharded, Single, make_parallel
-from .seeding import rank_seed, seed_all, seed_rank
-from .step import DataParallelUpdate, clip_grads_, data_parallel_clipped_gradient, data_parallel_gradient
+from typing import TYPE_CHECKING
+
+from oblr._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .collectives import (
+        all_gather_cat,
+        all_gather_objects,
+        all_reduce_grads,
+        all_reduce_sum,
+        broadcast_,
+        broadcast_object,
+        global_totals,
+        grad_sq_norm,
+        reduce_metrics,
+    )
+    from .env import (
+        DistEnv,
+        DistributedSetupError,
+        init_distributed,
+        is_distributed,
+        is_main,
+        launched,
+        rank,
+        require_launch,
+        resolve_backend,
+        shutdown,
+        world_size,
+    )
+    from .layout import check_layout, prompt_slice, row_slice, shard_rows, split_evenly
+    from .parallel import PARALLEL, Replicated, Sharded, Single, make_parallel
+    from .seeding import rank_seed, seed_all, seed_rank
+    from .step import DataParallelUpdate, clip_grads_, data_parallel_clipped_gradient, data_parallel_gradient
 
 __all__ = [
     "PARALLEL", "Single", "DataParallelUpdate", "DistEnv", "DistributedSetupError", "Replicated", "Sharded",
@@ -49,3 +56,16 @@ __all__ = [
     "rank", "rank_seed", "reduce_metrics", "require_launch", "resolve_backend", "row_slice", "seed_all",
     "seed_rank", "shard_rows", "shutdown", "split_evenly", "world_size",
 ]
+
+_EXPORTS = {  # module -> the names this package exports from it (the imports above)
+    ".collectives": ["all_gather_cat", "all_gather_objects", "all_reduce_grads", "all_reduce_sum",
+            "broadcast_", "broadcast_object", "global_totals", "grad_sq_norm", "reduce_metrics"],
+    ".env": ["DistEnv", "DistributedSetupError", "init_distributed", "is_distributed", "is_main", "launched",
+            "rank", "require_launch", "resolve_backend", "shutdown", "world_size"],
+    ".layout": ["check_layout", "prompt_slice", "row_slice", "shard_rows", "split_evenly"],
+    ".parallel": ["PARALLEL", "Replicated", "Sharded", "Single", "make_parallel"],
+    ".seeding": ["rank_seed", "seed_all", "seed_rank"],
+    ".step": ["DataParallelUpdate", "clip_grads_", "data_parallel_clipped_gradient",
+            "data_parallel_gradient"],
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

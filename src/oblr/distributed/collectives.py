@@ -22,8 +22,7 @@ from torch.distributed.tensor import DTensor
 from oblr.losses import BatchTotals
 
 from .env import is_distributed
-
-DEFAULT_BUCKET_MB = 25.0  # torch DDP's default bucket size
+from .parallel import DEFAULT_BUCKET_MB
 
 #: metrics that are sums over the batch (summed over ranks); keys ending in "count" are sums too
 SUM_METRICS = frozenset({"optim/loss"})

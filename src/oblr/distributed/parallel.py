@@ -12,7 +12,13 @@ Each mode is an object with one interface, used by :func:`oblr.distributed.step.
 - ``generation(model)``: a context for sampling, in which a rank may run any number of forwards (ranks
   generate different prompts, whose lengths differ): nothing for none and ddp; fsdp gathers the whole
   model once on entry (one all-gather per FSDP module) and reshards it on exit, so decoding runs no
-  collective.
+  collective;
+- ``save_state(run_dir, step, model, tokenizer, optimizer, state, *, keep, final)`` and
+  ``load_state(path, model, optimizer, state)``: the training state in a checkpoint folder
+  (:mod:`oblr.train.checkpoint`), called by every rank: none and ddp write the full weights and optimizer
+  state from rank 0; fsdp writes every rank's shards with torch.distributed.checkpoint
+  (:mod:`oblr.distributed.sharded_state`) and, at the end of the run (``final``), the consolidated
+  weights. The trainer never asks which strategy it has.
 
 ``ddp`` does not wrap the model in ``torch.nn.parallel.DistributedDataParallel``: the book-keeping
 backward computes no weight gradients through autograd, so DDP's all-reduce hooks would never fire.
@@ -24,25 +30,44 @@ bucketed all-reduce; docs/distributed.md has the numbers and the choice.
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed.fsdp import FSDPModule
-
-from oblr.config import Range
+from oblr.checks import Range
 from oblr.registry import Registry
 
-from .collectives import DEFAULT_BUCKET_MB, all_reduce_grads
-from .env import is_distributed, require_launch
-from .fsdp import ShardedGradSink, shard_model
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    from torch import nn
+
+    from .fsdp import ShardedGradSink
+
+
+DEFAULT_BUCKET_MB = 25.0  # torch DDP's default bucket size (gradients reduced per all-reduce)
 
 PARALLEL = Registry("distributed strategy")
 
 
+class _FullState:
+    """Checkpoints of a model whose every rank holds all of it: rank 0 writes, every rank reads."""
+
+    def save_state(self, run_dir, step: int, model, tokenizer, optimizer, state: dict, *, keep: int,
+                   final: bool) -> None:
+        from oblr.train import checkpoint as ckpt
+
+        from .env import is_main
+
+        if is_main():
+            ckpt.save_checkpoint(run_dir, step, model, tokenizer, {**state, "optimizer": optimizer.state_dict()},
+                                 keep=keep)
+
+    def load_state(self, path, model, optimizer, state: dict) -> None:
+        from oblr.train import checkpoint as ckpt
+
+        ckpt.load_weights_into(model, path)
+        optimizer.load_state_dict(state["optimizer"])
+
+
 @PARALLEL.register("none")
-class Single:
+class Single(_FullState):
     """One process: the model as it is, ``.grad`` filled in place, nothing to reduce."""
 
     name = "none"
@@ -61,7 +86,7 @@ class Single:
 
 
 @PARALLEL.register("ddp")
-class Replicated:
+class Replicated(_FullState):
     """Data parallel with a full replica per rank; gradients summed by one bucketed all-reduce per step."""
 
     name = "ddp"
@@ -71,6 +96,11 @@ class Replicated:
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Every rank gets rank 0's parameters and buffers (as DDP's constructor does)."""
+        import torch
+        import torch.distributed as dist
+
+        from .env import is_distributed
+
         if is_distributed():
             with torch.no_grad():
                 for t in list(model.parameters()) + list(model.buffers()):
@@ -81,6 +111,8 @@ class Replicated:
         return None
 
     def reduce_grads(self, params) -> None:
+        from .collectives import all_reduce_grads
+
         all_reduce_grads(params, bucket_mb=self.bucket_mb)
 
     def generation(self, model: nn.Module):
@@ -102,11 +134,16 @@ class Sharded:
         self._sink: ShardedGradSink | None = None
 
     def prepare(self, model: nn.Module) -> nn.Module:
+        from .env import require_launch
+        from .fsdp import shard_model
+
         require_launch("parallel mode 'fsdp'")
         return shard_model(model, param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype,
                            reshard_after_forward=self.reshard_after_forward)
 
     def grad_sink(self) -> ShardedGradSink:
+        from .fsdp import ShardedGradSink
+
         self._sink = ShardedGradSink(self.bucket_mb)
         return self._sink
 
@@ -119,6 +156,8 @@ class Sharded:
     def generation(self, model: nn.Module):
         """The whole model unsharded for sampling (memory: one full copy of the parameters per rank while
         it lasts); the forwards inside run no collective, so ranks may run different numbers of them."""
+        from torch.distributed.fsdp import FSDPModule
+
         modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
         for m in modules:  # the same order on every rank: one all-gather each
             m.unshard()
@@ -129,6 +168,51 @@ class Sharded:
             model.set_reshard_after_forward(self.reshard_after_forward)
             for m in modules:
                 m.reshard()
+
+
+    def save_state(self, run_dir, step: int, model, tokenizer, optimizer, state: dict, *, keep: int,
+                   final: bool) -> None:
+        """Rank 0 opens the temporary checkpoint folder, every rank writes its shards of the model and
+        optimizer state into ``sharded/`` (torch.distributed.checkpoint), rank 0 adds the trainer state, the
+        model config and tokenizer -- and, when ``final``, the consolidated Hugging Face weights gathered
+        from all ranks -- and commits the folder (manifest, rename, LATEST, pruning)."""
+        import shutil
+        from pathlib import Path
+
+        from oblr.disk_errors import writes_as_os_errors
+        from oblr.train import checkpoint as ckpt
+
+        from .collectives import broadcast_object
+        from .env import is_main
+        from .sharded_state import SHARDED_DIR, full_model_state, save_sharded
+
+        main = is_main()
+        tmp = Path(broadcast_object(str(ckpt.begin_checkpoint(run_dir, step)) if main else None))
+        with writes_as_os_errors():
+            save_sharded(tmp / SHARDED_DIR, model, optimizer)
+        full = full_model_state(model) if final else None  # collective
+        if not main:
+            return
+        try:
+            with writes_as_os_errors():
+                if full is not None:
+                    model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
+                else:
+                    model.config.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+                ckpt.write_state(tmp, step, state)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        ckpt.commit_checkpoint(run_dir, step, tmp, keep=keep)
+
+    def load_state(self, path, model, optimizer, state: dict) -> None:
+        """Every rank reads its shards of the model and optimizer state."""
+        from pathlib import Path
+
+        from .sharded_state import SHARDED_DIR, load_sharded
+
+        load_sharded(Path(path) / SHARDED_DIR, model, optimizer)
 
 
 def make_parallel(mode: str, **options):

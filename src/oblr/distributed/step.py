@@ -27,9 +27,10 @@ import torch
 
 from oblr.estimators import Estimate
 from oblr.losses import BatchTotals
+from oblr.params import grad_sq_norm as update_grad_sq_norm
+from oblr.params import trainable_params
 from oblr.snr import SNRStats, snr_statistics
 from oblr.update import UpdateResult, UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
-from oblr.update import grad_sq_norm as update_grad_sq_norm
 
 from .collectives import all_gather_cat, broadcast_, global_totals, grad_sq_norm, reduce_metrics
 from .env import is_distributed
@@ -52,10 +53,6 @@ class DataParallelUpdate:
     S: torch.Tensor | None = None
     V: torch.Tensor | None = None
     snr: torch.Tensor | None = None
-
-
-def trainable(model) -> list:
-    return [p for p in model.parameters() if p.requires_grad]
 
 
 def gather_estimate(est: Estimate) -> Estimate:
@@ -93,7 +90,7 @@ def data_parallel_gradient(model, batch, rewards: torch.Tensor, settings: Update
     N = totals.sequences // G
     res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=ref_model, totals=totals,
                                      grad_sink=parallel.grad_sink())
-    params = trainable(model)
+    params = trainable_params(model)
     parallel.reduce_grads(params)
     grad_sq = grad_sq_norm(params)
     est_metrics = gather_estimate(res.estimate).metrics()
@@ -122,7 +119,7 @@ def data_parallel_clipped_gradient(model, batch, first: UpdateResult, settings: 
     ``first``/``totals``: the step's :attr:`DataParallelUpdate.update` and ``.totals``. Returns the rank's
     metrics (token means of the clip fraction, ratio and KL over its rows)."""
     metrics = accumulate_clipped_gradient(model, batch, first, settings, totals=totals)
-    parallel.reduce_grads(trainable(model))
+    parallel.reduce_grads(trainable_params(model))
     return metrics
 
 

@@ -25,8 +25,11 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    import torch
+
 
 PROXIES = ("length", "logit_energy")
 
@@ -48,6 +51,8 @@ def average_ranks(x: torch.Tensor) -> torch.Tensor:
 def spearman_within_groups(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Spearman rank correlation of each row of x [N, G] with the same row of y: the Pearson correlation
     of their average ranks. [N] float64; NaN for a row where x or y is constant."""
+    import torch
+
     if x.shape != y.shape:
         raise ValueError(f"spearman_within_groups: shapes differ, {tuple(x.shape)} vs {tuple(y.shape)}")
     rx, ry = average_ranks(x), average_ranks(y)
@@ -61,6 +66,8 @@ def sequence_weights(model, batch, *, aggregation: str = "seq_sum_const", max_le
                      norms_method: str = "auto") -> dict[str, torch.Tensor]:
     """``{"exact", "length", "logit_energy"}`` -> [B] float32 weights of the rows of ``batch``
     (``input_ids``, ``attention_mask``, ``response_mask`` [B, T]); ``exact`` = c_i^2 ||s_i||^2."""
+    import torch
+
     from oblr.gradnorm import length_weights, logit_energy_weights, sequence_grad_sq_norms
     from oblr.logprobs import forward_logits
     from oblr.losses import sequence_scale
@@ -82,6 +89,8 @@ def compare_weights(weights: dict[str, torch.Tensor], rewards: torch.Tensor) -> 
     Summary: ``groups``, ``informative_groups``, ``rho_<proxy>_{mean,median,q25,q75,n}`` (groups where
     defined), ``absdiff_<name>`` (mean over outputs of informative groups), ``captured_<proxy>``.
     """
+    import torch
+
     from oblr.estimators import compute_baselines
 
     exact = weights["exact"].double()
@@ -121,6 +130,8 @@ def collect_rollouts(model, tokenizer, task, *, n_prompts: int, group_size: int,
                      temperature: float = 1.0, seed: int = 0, batch_size: int | None = 256):
     """``(batch, rewards [N, G])``: G samples for each of N training prompts chosen by ``seed`` (the same
     prompts for every model), sampled with a private generator (global RNG untouched)."""
+    import torch
+
     from oblr.rollout import generate_and_score, make_engine
     from oblr.tasks import reward_scorer
 
@@ -271,7 +282,7 @@ def register_cli(sub) -> None:
 
 
 def _cmd_proxy_study(args) -> int:
-    from oblr.config import COUNT, Range, check_flags
+    from oblr.checks import COUNT, Range, check_flags
     from oblr.distributed.env import resolve_device
     from oblr.experiments.stats import config_value, run_config
 

@@ -298,7 +298,7 @@ def register_cli(sub) -> None:
 
 
 def _cmd_compare(args) -> int:
-    from oblr.config import MAX_THREADS, Range, check_flags
+    from oblr.checks import MAX_THREADS, Range, check_flags
 
     check_flags({"--jobs": (args.jobs, Range(ge=1, le=MAX_THREADS))})
     grid = load_grid(args.config)
@@ -311,7 +311,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from oblr.config import Range, check_flags
+    from oblr.checks import Range, check_flags
 
     check_flags({"--target": (args.target, Range(ge=0, le=1))})
     from oblr.experiments.report import build_report, default_report_dir

@@ -6,19 +6,26 @@
   interface with one backward per sequence (the slow exact reference, registry :data:`NORMS_METHODS`).
 - :func:`register_rule` -- add a rule for another module type.
 - :mod:`oblr.gradnorm.reference` -- the slow exact loop; :mod:`oblr.gradnorm.proxies` -- forward-only proxies.
-See docs/gradnorm.md.
+See docs/gradnorm.md. The names below are imported from their modules on first use (:mod:`oblr._lazy`), so
+:data:`NORMS_METHODS` (the config's choices, :mod:`.methods`) loads without torch.
 """
 
-from .contrib import Dense, Grouping, Outer
-from .engine import METHODS, NORMS_METHODS, BookKeeper, UnsupportedModuleError, sequence_grad_sq_norms
-from .layers import register_rule, register_structural_rule, registered_types
-from .proxies import length_weights, logit_energy_weights
-from .reference import (
-    loop_group_sq_norms,
-    loop_per_sequence_grads,
-    loop_sequence_sq_norms,
-    loop_weighted_grad,
-)
+from typing import TYPE_CHECKING
+
+from oblr._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .contrib import Dense, Grouping, Outer
+    from .engine import BookKeeper, UnsupportedModuleError, sequence_grad_sq_norms
+    from .layers import register_rule, register_structural_rule, registered_types
+    from .methods import METHODS, NORMS_METHODS
+    from .proxies import length_weights, logit_energy_weights
+    from .reference import (
+        loop_group_sq_norms,
+        loop_per_sequence_grads,
+        loop_sequence_sq_norms,
+        loop_weighted_grad,
+    )
 
 __all__ = [
     "METHODS",
@@ -39,3 +46,14 @@ __all__ = [
     "registered_types",
     "sequence_grad_sq_norms",
 ]
+
+_EXPORTS = {  # module -> the names this package exports from it (the imports above)
+    ".methods": ["METHODS", "NORMS_METHODS"],
+    ".contrib": ["Dense", "Grouping", "Outer"],
+    ".engine": ["BookKeeper", "UnsupportedModuleError", "sequence_grad_sq_norms"],
+    ".layers": ["register_rule", "register_structural_rule", "registered_types"],
+    ".proxies": ["length_weights", "logit_energy_weights"],
+    ".reference": ["loop_group_sq_norms", "loop_per_sequence_grads", "loop_sequence_sq_norms",
+            "loop_weighted_grad"],
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

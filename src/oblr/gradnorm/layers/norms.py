@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..contrib import Dense
-from . import register_rule, register_structural_rule
+from .base import register_rule, register_structural_rule
 
 
 def _rms_hat(x: torch.Tensor, nd: int, eps: float) -> torch.Tensor:

@@ -7,8 +7,9 @@
     OBLRGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds).train()
 
 - :mod:`.config` -- the config, its added fields and the refused settings (``RULES``);
-- :mod:`.round` -- one generation batch through the book-keeping engine (exact w_i, advantages, gradient, norms);
-- :mod:`.trainer` -- the trainer (folded backward without DeepSpeed, TRL's backward with it; the SNR lr).
+- :mod:`.trainer` -- the trainer: each generation batch goes through oblr's update core
+  (:func:`oblr.update.accumulate_policy_gradient`, as in ``oblr train``); folded backward without DeepSpeed,
+  TRL's backward with it; the SNR lr.
 
 Needs ``pip install "oblr[trl]"`` (a pinned TRL); see docs/trl.md.
 """

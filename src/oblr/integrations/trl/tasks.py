@@ -3,8 +3,8 @@
 - :func:`task_dataset` -- columns ``prompt`` (the exact text fed to the model) and ``answer``;
 - :class:`TaskReward` -- ``reward(prompts, completions, answer, **kwargs) -> list[float]``, the task's
   verifiable reward through :func:`oblr.tasks.safe_reward` (a failing reward gives 0 and a counted warning);
-- :func:`heldout_accuracy` -- sampled accuracy on held-out problems with :func:`oblr.rollout.generate`
-  (a private generator seed, so the training RNG is untouched).
+- :func:`heldout_accuracy` -- sampled accuracy on held-out problems with :func:`oblr.train.evaluation.heldout_eval`
+  (the function ``oblr train`` evaluates with; a private generator seed, so the training RNG is untouched).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 from datasets import Dataset
 
-from oblr.rollout import generate
-from oblr.tasks import Example, Task, safe_reward
+from oblr.tasks import Example, Task, reward_scorer, safe_reward
 from oblr.tasks.base import RewardFailures
 
 
@@ -39,12 +38,14 @@ def heldout_accuracy(model, tokenizer, task: Task, *, n_problems: int = 100, sam
                      temperature: float = 1.0, max_new_tokens: int = 32, seed: int = 12345,
                      batch_size: int | None = 256) -> float:
     """Share of correct sampled answers over the first ``n_problems`` held-out problems x ``samples``."""
+    from oblr.rollout.hf import HFEngine
+    from oblr.train.evaluation import heldout_eval
+
     examples = task.eval[:n_problems]
     if not examples:
         raise ValueError(f"task {task.name!r} has no held-out problems")
     with torch.no_grad():
-        out = generate(model, tokenizer, [e.prompt for e in examples], num_samples=samples,
-                       max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size,
-                       generator_seed=seed)
-    rewards = [safe_reward(task, r, e) for e, r in zip((e for e in examples for _ in range(samples)), out.responses)]
-    return sum(rewards) / len(rewards)
+        h = heldout_eval(HFEngine(model, tokenizer, batch_size=batch_size), examples, reward_scorer(task),
+                         samples=samples, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                         greedy=False)
+    return h.accuracy_sampled()

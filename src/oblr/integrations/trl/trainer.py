@@ -2,10 +2,11 @@
 
 Used exactly like ``GRPOTrainer`` (same arguments) with an :class:`~oblr.integrations.trl.OBLRGRPOConfig`.
 What changes, per generation batch (``_generate_and_score_completions``, after TRL has generated and
-rewarded the completions): the local rows (whole groups; the config guarantees it) go through
-:func:`oblr.integrations.trl.round.run_round` -- one forward and one activation-only backward per chunk
-of whole groups gives the exact ``w_i`` of the policy being trained, the advantages of ``oblr_baseline``
-(leave-one-out within each group) and, from the same records:
+rewarded the completions): the local rows (whole groups; the config guarantees it) go through oblr's
+update core, :func:`oblr.update.accumulate_policy_gradient` (the function ``oblr train`` and its
+data-parallel step call) -- one forward and one activation-only backward per micro-batch of whole groups
+(``per_device_train_batch_size`` rows) gives the exact ``w_i`` of the policy being trained, the advantages
+of ``oblr_baseline`` (leave-one-out within each group) and, from the same records:
 
 - without DeepSpeed (one process or DDP): the weighted gradient itself is written into ``.grad`` (the
   folded backward: TRL's own loss forward/backward is skipped; ``training_step`` only generates),
@@ -22,17 +23,36 @@ Every rank sets the same lr on its optimizer every optimizer step. The SNR contr
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
+from oblr.distributed.collectives import all_reduce_grads, all_reduce_sum
+from oblr.distributed.collectives import grad_sq_norm as global_grad_sq_norm
 from oblr.gradnorm import BookKeeper
 from oblr.schedules import make_lr_controller
 from oblr.snr import snr_statistics
+from oblr.update import UpdateSettings, accumulate_policy_gradient, trainable_params
 
 from .config import OBLRGRPOConfig
-from .round import RoundInputs, RoundSettings, run_round
+
+
+@dataclass
+class GenerationBatch:
+    """This process's rows of one TRL generation batch, as the update core takes them. Rows prompt-major:
+    row ``k*G + j`` is completion j of prompt k."""
+
+    input_ids: torch.Tensor       # [B, T] prompt (left-padded) then completion (right-padded)
+    attention_mask: torch.Tensor  # [B, T]
+    response_mask: torch.Tensor   # [B, T] 1 on completion tokens that enter the loss
+    rewards: torch.Tensor         # [n, G]
+    seq_scale: torch.Tensor       # [B] c_i: TRL's loss is -sum_i A_i c_i l_i (dr_grpo, times vLLM's ratio)
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)
 
 
 class _OBLRSchedule:
@@ -90,7 +110,7 @@ class OBLRGRPOTrainer(GRPOTrainer):
         self._oblr_controller = None  # an oblr.schedules controller (snr or auto) once the scheduler exists
         self._oblr_pending: tuple[torch.Tensor, int] | None = None  # (sum_k ||g_k||^2, N) awaiting ||gbar||^2
         self._oblr_round_loss = None
-        self.oblr_last_round = None  # RoundInputs/RoundResult of the last generation batch (tests, debugging)
+        self.oblr_last_round = None  # (GenerationBatch, UpdateResult) of the last generation batch (tests, debugging)
 
     # ------------------------------------------------------------------ learning rate
     def create_scheduler(self, num_training_steps: int, optimizer=None):
@@ -154,7 +174,7 @@ class OBLRGRPOTrainer(GRPOTrainer):
         self._oblr_rewards_per_func = rewards_per_func  # [B over all processes, reward functions]
         return rewards_per_func
 
-    def _oblr_round_inputs(self, out: dict) -> RoundInputs:
+    def _oblr_batch(self, out: dict) -> GenerationBatch:
         B, G = out["completion_ids"].shape[0], self.num_generations
         rows = slice(self.accelerator.process_index * B, (self.accelerator.process_index + 1) * B)
         per_func = self._oblr_rewards_per_func[rows]
@@ -167,7 +187,7 @@ class OBLRGRPOTrainer(GRPOTrainer):
                            dtype=torch.float32, device=rewards.device)
         if "importance_sampling_ratio" in out:  # vLLM, sequence-level modes only (config): one ratio per row
             scale = scale * out["importance_sampling_ratio"].reshape(B).to(torch.float32)
-        return RoundInputs(
+        return GenerationBatch(
             input_ids=torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1),
             attention_mask=torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1),
             response_mask=torch.cat([torch.zeros_like(out["prompt_mask"]), loss_mask], dim=1),
@@ -180,66 +200,45 @@ class OBLRGRPOTrainer(GRPOTrainer):
         if not self.model.training:  # evaluation: TRL's own advantages and loss
             return out
         t0 = time.perf_counter()
-        batch = self._oblr_round_inputs(out)
-        settings = RoundSettings(
-            baseline=self.args.oblr_baseline, temperature=self.temperature,
-            rows_per_chunk=self.args.per_device_train_batch_size,
-            n_prompts=self.args.generation_batch_size // self.num_generations,
-            assemble_grad=self._oblr_fold, group_norms=self.args.oblr_snr_lr)
+        batch = self._oblr_batch(out)
+        G = self.num_generations
+        settings = UpdateSettings(baseline=self.args.oblr_baseline, temperature=self.temperature,
+                                  micro_batch_groups=max(1, self.args.per_device_train_batch_size // G),
+                                  need_snr=self.args.oblr_snr_lr, assemble_grad=self._oblr_fold)
+        n_prompts = self.args.generation_batch_size // G
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as model:
-            res = run_round(model, self._oblr_book, batch, settings, autocast=self.accelerator.autocast)
+            res = accumulate_policy_gradient(model, batch, batch.rewards, settings, seq_scale=batch.seq_scale,
+                                             n_prompts=n_prompts, autocast=self.accelerator.autocast)
         self.oblr_last_round = (batch, res)
-        w = res.weights if res.weights is not None else torch.zeros(0, device=res.coeffs.device)
+        m_core = res.metrics
+        w = res.estimate.weights
+        w = w.reshape(-1) if w is not None else torch.zeros(0, device=res.advantages.device)
+        n_tok = batch.response_mask.double().sum()
+        dev = res.advantages.device
         stats = torch.stack([
-            res.group_sq_norms.double().sum() if res.group_sq_norms is not None else res.loss.new_zeros(()).double(),
-            res.fallback_count.double(), w.double().sum(), torch.tensor(float(w.numel()), dtype=torch.float64,
-                                                                         device=w.device),
-            res.entropy_sum.double(), batch.response_mask.double().sum(),
+            res.per_prompt_sq_norms.double().sum() if res.per_prompt_sq_norms is not None
+            else torch.zeros((), dtype=torch.float64, device=dev),
+            m_core["baseline/fallback_count"].double().to(dev), w.double().sum(),
+            torch.tensor(float(w.numel()), dtype=torch.float64, device=dev),
+            m_core["train/entropy"].double().to(dev) * n_tok.clamp(min=1), n_tok,
         ])
-        stats = self.accelerator.reduce(stats, reduction="sum")  # identity on one process
+        stats = all_reduce_sum(stats)  # identity on one process
         if self._oblr_fold:
-            self._oblr_sync_grads()
+            all_reduce_grads(trainable_params(self.model))  # what DDP's backward would have done
         if self.args.oblr_snr_lr:
-            self._oblr_pending = (stats[0], settings.n_prompts)
+            self._oblr_pending = (stats[0], n_prompts)
             if self._oblr_fold:
-                self._oblr_set_lr(self._oblr_grad_sq())
+                self._oblr_set_lr(global_grad_sq_norm(trainable_params(self.model)))
         out["advantages"] = res.advantages.reshape(-1).to(out["advantages"].dtype)
-        self._oblr_round_loss = res.loss * self.accelerator.num_processes
+        self._oblr_round_loss = m_core["optim/loss"] * self.accelerator.num_processes
         m = self._metrics["train"]
         m["oblr/fallback_count"].append(float(stats[1]))
-        if res.weights is not None:
+        if res.estimate.weights is not None:
             m["oblr/w_mean"].append(float(stats[2] / stats[3].clamp(min=1)))
         m["oblr/time_norms"].append(time.perf_counter() - t0)
         if self._oblr_fold:  # TRL's loss forward (which logs the entropy) does not run
             m["entropy"].append(float(stats[4] / stats[5].clamp(min=1)))
         return out
-
-    def _oblr_trainable(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def _oblr_sync_grads(self) -> None:
-        """Sum the folded gradients over processes (what DDP's backward would have done), in one all-reduce."""
-        if self.accelerator.num_processes == 1:
-            return
-        params = self._oblr_trainable()
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1).to(torch.float32) for p in params])
-        flat = self.accelerator.reduce(flat, reduction="sum")
-        i = 0
-        for p in params:
-            n = p.numel()
-            p.grad.copy_(flat[i:i + n].view_as(p.grad))
-            i += n
-
-    def _oblr_grad_sq(self) -> torch.Tensor:
-        """``||gbar||^2``: squared norm of the synchronised gradient (identical on every rank), float64."""
-        total = torch.zeros((), dtype=torch.float64, device=self.accelerator.device)
-        for p in self._oblr_trainable():
-            if p.grad is not None:
-                total = total + p.grad.double().pow(2).sum()
-        return total
 
     # ------------------------------------------------------------------ the training step
     def training_step(self, model, inputs, num_items_in_batch=None):

@@ -1,0 +1,17 @@
+"""The gradient-norm methods by name (registry :data:`NORMS_METHODS`, config key ``algorithm.norms_method``).
+
+Torch-free, so the config's choices load without the engine; :class:`oblr.gradnorm.engine.BookKeeper`
+implements each method.
+"""
+
+from __future__ import annotations
+
+from oblr.registry import Registry
+
+# name -> what it does (the BookKeeper implements each)
+NORMS_METHODS = Registry("gradient-norm method")
+NORMS_METHODS.register("auto", "one backward; ghost norm or materialisation per parameter, whichever is cheaper")
+NORMS_METHODS.register("ghost", "one backward; ghost norms wherever the rule allows")
+NORMS_METHODS.register("materialize", "one backward; per-row gradients materialised")
+NORMS_METHODS.register("loop", "slow exact reference: one backward per sequence")
+METHODS = tuple(NORMS_METHODS.names())
