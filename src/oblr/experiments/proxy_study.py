@@ -159,7 +159,11 @@ def study_points(run_dir: str | Path | None, model: str | None) -> list[tuple[in
     cfg = run_config(run_dir)
     if config_value(cfg, "model.lora_rank", 0):
         raise ValueError(f"{run_dir}: LoRA checkpoints hold adapters only; the proxy study needs full weights")
-    points = [(0, model or config_value(cfg, "model.name_or_path", "builtin"))]
+    from oblr.models.task_builtins import builtin_for_task
+
+    # plain ``builtin`` with a task that has its own built-in model (countdown, word_problems) is that model
+    start = builtin_for_task(config_value(cfg, "model.name_or_path", "builtin"), config_value(cfg, "task.name", ""))
+    points = [(0, model or start)]
     for ck in sorted((run_dir / "checkpoints").glob("step_*")):
         if ck.is_dir() and (ck / "config.json").is_file() and ck.name[5:].isdigit():
             points.append((int(ck.name[5:]), str(ck)))

@@ -5,7 +5,8 @@ One code path for real checkpoints and the built-in model: both go through
 (:func:`load_model_and_tokenizer`). The built-in model (``"builtin"`` or ``"builtin:tiny-arith"``) is a
 Qwen3-architecture checkpoint in ``$OBLR_CACHE_DIR/models/tiny-arith-v1`` (default ``~/.cache/oblr``),
 built by :func:`oblr.models.builtin.build_builtin_model` (tokenizer: :mod:`oblr.models.tokenizer`) the
-first time it is asked for. A checkpoint of an FSDP run saved before the run's end holds its weights only
+first time it is asked for; the tasks ``countdown`` and ``word_problems`` have their own built-in models
+(``"builtin:tiny-countdown"``, ``"builtin:tiny-words"``, :mod:`oblr.models.task_builtins`). A checkpoint of an FSDP run saved before the run's end holds its weights only
 as sharded state (``sharded/``): it is loaded in one process from its config and the shards
 (:func:`is_sharded_checkpoint`). Real checkpoints prepared by ``oblr models prepare NAME``
 (:mod:`oblr.models.prepare`) load as ``"prepared:NAME"``. :func:`wrap_lora` adds LoRA adapters (peft). :data:`DTYPES` lists the
@@ -66,6 +67,8 @@ def _looks_local(name: str) -> bool:
 def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, progress=None) -> Path | str:
     """Where ``from_pretrained`` should load from.
 
+    - ``"builtin:tiny-countdown"`` / ``"builtin:tiny-words"`` -> that task's built-in model
+      (:mod:`oblr.models.task_builtins`), built and cached the same way.
     - ``"builtin"`` / ``"builtin:tiny-arith"`` -> the cached built-in model directory, built on first use
       (and rebuilt when the cached one is incomplete or from an older recipe) when ``build`` is true;
       otherwise a missing one raises ``FileNotFoundError``.
@@ -82,6 +85,11 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, p
     name = os.fspath(name_or_path)
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"model name or path must be a non-empty string, got {name_or_path!r}")
+    from oblr.models.task_builtins import spec_of
+
+    spec = spec_of(name)
+    if spec is not None:  # a task's built-in model (builtin:tiny-countdown, builtin:tiny-words)
+        return _resolve_task_model(spec, build=build, progress=progress)
     if is_builtin(name):
         path = builtin_model_dir()
         from oblr.models.builtin import build_builtin_model, is_current_build
@@ -153,6 +161,26 @@ def _hub_or_cache(name: str) -> Path | str:
         f"({constants.ENDPOINT}) cannot be reached ({reason}), so nothing can be downloaded. Fix: pass a local "
         f"directory saved with save_pretrained or 'builtin', or download it on a machine with network "
         f"(huggingface-cli download {name}) and run offline with HF_HUB_OFFLINE=1")
+
+
+def task_model_dir(spec) -> Path:
+    """Cache folder of a task's built-in model (:class:`oblr.models.task_builtins.TaskModelSpec`)."""
+    return cache_dir() / "models" / spec.dirname
+
+
+def _resolve_task_model(spec, *, build: bool, progress) -> Path:
+    from oblr.models.task_builtins import build_task_model, is_current
+
+    path = task_model_dir(spec)
+    if not is_current(path, spec):
+        if not build:
+            raise FileNotFoundError(f"built-in model {spec.name} not found at {path}; load it once with "
+                                    f"load_model_and_tokenizer({spec.name!r}) to build it")
+        with _build_lock(path):
+            if not is_current(path, spec):
+                kw = {} if progress is None else {"progress": progress}
+                build_task_model(spec.task, path, overwrite=True, **kw)
+    return path
 
 
 def load_model_and_tokenizer(name_or_path: str | os.PathLike, *, dtype: str = "float32", device: str = "cpu",

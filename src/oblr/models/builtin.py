@@ -117,12 +117,13 @@ def sft_batch(tokenizer, prompts: list[str], solutions: list[str]):
 
 def sft_train(model, tokenizer, examples, *, steps: int, batch_size: int, lr: float, warmup: int,
               weight_decay: float, digit_noise: float, seed: int,
-              progress: Callable[[str], None] | None = None) -> list[float]:
+              progress: Callable[[str], None] | None = None, demo=None) -> list[float]:
     """Supervised warm start: AdamW, linear warm-up then cosine decay to lr/10, loss on solution tokens.
 
     Batches are drawn with replacement by generators seeded with ``seed``; each demonstration is made
     fresh with :func:`oblr.tasks.arithmetic.noisy_solution` (each result digit wrong with probability
-    ``digit_noise``). Returns the loss per step.
+    ``digit_noise``), or by ``demo(example, rng)`` when given (another task's demonstrations). Returns the
+    loss per step.
     """
     import random
 
@@ -143,7 +144,10 @@ def sft_train(model, tokenizer, examples, *, steps: int, batch_size: int, lr: fl
     t0 = time.time()
     for step in range(steps):
         batch = [examples[i] for i in torch.randint(len(examples), (batch_size,), generator=gen).tolist()]
-        sols = [noisy_solution(ex, rng, digit_noise) if digit_noise > 0 else ex.meta["solution"] for ex in batch]
+        if demo is not None:
+            sols = [demo(ex, rng) for ex in batch]
+        else:
+            sols = [noisy_solution(ex, rng, digit_noise) if digit_noise > 0 else ex.meta["solution"] for ex in batch]
         ids, mask, labels = sft_batch(tokenizer, [ex.prompt for ex in batch], sols)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)

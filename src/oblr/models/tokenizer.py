@@ -23,22 +23,23 @@ CHARS = list("0123456789") + list("+-*/()=# \n") + list("QA:")
 MODEL_VOCAB_SIZE = 32
 
 
-def vocabulary() -> dict[str, int]:
-    """Token -> id. Special tokens first (pad=0, eos=1, unk=2)."""
-    tokens = SPECIAL_TOKENS + MULTI_CHAR_TOKENS + CHARS
-    if len(set(tokens)) != len(tokens):  # pragma: no cover - guards edits of the lists above
-        raise AssertionError("duplicate token in the built-in vocabulary")
-    if len(tokens) > MODEL_VOCAB_SIZE:  # pragma: no cover
-        raise AssertionError(f"vocabulary of {len(tokens)} exceeds MODEL_VOCAB_SIZE={MODEL_VOCAB_SIZE}")
+def vocabulary(extra_chars: str = "", size: int = MODEL_VOCAB_SIZE) -> dict[str, int]:
+    """Token -> id. Special tokens first (pad=0, eos=1, unk=2); ``extra_chars`` (one token each) after
+    :data:`CHARS`, for a task whose text needs more characters (``size``: the model's vocabulary)."""
+    tokens = SPECIAL_TOKENS + MULTI_CHAR_TOKENS + CHARS + list(extra_chars)
+    if len(set(tokens)) != len(tokens):
+        raise ValueError("duplicate token in the built-in vocabulary")
+    if len(tokens) > size:
+        raise ValueError(f"vocabulary of {len(tokens)} exceeds the model's vocabulary size {size}")
     return {t: i for i, t in enumerate(tokens)}
 
 
-def build_tokenizer():
+def build_tokenizer(extra_chars: str = "", size: int = MODEL_VOCAB_SIZE):
     """A ``PreTrainedTokenizerFast`` over :func:`vocabulary`, ``padding_side="left"``."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel(vocab=vocabulary(), unk_token=UNK))
+    tok = Tokenizer(models.WordLevel(vocab=vocabulary(extra_chars, size), unk_token=UNK))
     multi = "|".join(re.escape(t) for t in sorted(MULTI_CHAR_TOKENS, key=len, reverse=True))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(rf"{multi}|[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()

@@ -38,7 +38,8 @@ class Task:
 
 
 # task factories ``f(**options) -> Task``; the built-in ones register when their modules are first needed
-TASKS: Registry = Registry("task", modules=("oblr.tasks.arithmetic", "oblr.tasks.math"))
+TASKS: Registry = Registry("task", modules=("oblr.tasks.arithmetic", "oblr.tasks.countdown", "oblr.tasks.word_problems",
+                                     "oblr.tasks.math"))
 
 
 def register_task(name: str) -> Callable:

@@ -123,7 +123,7 @@ class Trainer:
         self.eval_examples = self.task.eval[: cfg.task.eval_size]
         self.device = self.dist.device
         torch.manual_seed(cfg.train.seed)
-        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype,
+        self.model, self.tokenizer = load_model_and_tokenizer(self._model_name(), dtype=cfg.model.dtype,
                                                               device=str(self.device),
                                                               trust_remote_code=cfg.model.trust_remote_code)
         if task_accepts(cfg.task.name, "tokenizer") and "tokenizer" not in cfg.task.options:
@@ -416,14 +416,36 @@ class Trainer:
             if lock is not None:
                 lock.close()
 
+    def _model_name(self) -> str:
+        """``model.name_or_path``; plain ``builtin`` with a task that has its own built-in model is that model."""
+        from oblr.models.task_builtins import builtin_for_task
+
+        return builtin_for_task(self.cfg.model.name_or_path, self.cfg.task.name)
+
     def _check_model_cache(self) -> None:
         """A built-in model that must be built needs a writable cache: checked before any work starts. Under
         torchrun, local rank 0 builds it and the node's other ranks wait for the finished build (ranks that
         built at once raced in the cache folder: one read it while another replaced it)."""
-        from oblr.models import builtin_model_dir, is_builtin, resolve_model_path
+        from oblr.models import builtin_model_dir, is_builtin, resolve_model_path, task_model_dir
         from oblr.models.builtin import is_current_build
+        from oblr.models.task_builtins import is_current, spec_of
 
-        if not is_builtin(self.cfg.model.name_or_path) or is_current_build(builtin_model_dir()):
+        name = self._model_name()
+        spec = spec_of(name)
+        if spec is not None:
+            path = task_model_dir(spec)
+            if not is_current(path, spec):
+                check_writable(path.parent, "the built-in model must be built, but its cache folder",
+                               hint="set OBLR_CACHE_DIR to a writable folder")
+                if self.dist.distributed and self.dist.local_rank == 0:
+                    resolve_model_path(name)
+                deadline = time.monotonic() + self.cfg.distributed.timeout_s
+                while self.dist.distributed and not is_current(path, spec):
+                    if time.monotonic() > deadline:
+                        raise TrainingError(f"rank {self.dist.rank} waited for local rank 0 to build {name}")
+                    time.sleep(1.0)
+            return
+        if not is_builtin(name) or is_current_build(builtin_model_dir()):
             return
         check_writable(builtin_model_dir().parent, "the built-in model must be built, but its cache folder",
                        hint="set OBLR_CACHE_DIR to a writable folder")

@@ -1,0 +1,85 @@
+"""The word_problems task: generation, GSM8K-format references, and rewards through the GSM8K grader that
+``oblr eval`` uses."""
+
+import re
+
+from oblr.cli import main
+from oblr.grading import grade
+from oblr.tasks import get_task
+from oblr.tasks.math import MathTask
+from oblr.tasks.word_problems import MAX_VALUE, TEMPLATES
+
+
+def test_generation_gsm8k_format_and_self_consistent():
+    task = get_task("word_problems", n_train=2000, n_eval=300)
+    assert isinstance(task, MathTask) and task.kind == "gsm8k"
+    assert len(task.train) == 2000 and len(task.eval) == 300
+    for ex in task.train + task.eval:
+        assert re.fullmatch(r"(\d+[-+*/]\d+=\d+\n){2,3}#### \d+", ex.answer), ex.answer
+        value = ex.meta["value"]
+        assert 0 <= value <= MAX_VALUE and ex.answer.endswith(f"#### {value}")
+        for step in ex.meta["steps"]:  # every written step is true
+            lhs, z = step.split("=")
+            x, op, y = re.fullmatch(r"(\d+)([-+*/])(\d+)", lhs).groups()
+            x, y = int(x), int(y)
+            assert {"+": x + y, "-": x - y, "*": x * y, "/": x / y}[op] == int(z)
+        assert ex.prompt == f"Q: {ex.meta['question']}\nA:"
+        assert task.reward(ex.meta["solution"], ex) == 1.0  # the SFT target passes the grader
+    assert not {e.prompt for e in task.train} & {e.prompt for e in task.eval}
+    assert [e.prompt for e in get_task("word_problems", n_train=5, n_eval=300).eval] == [e.prompt for e in task.eval]
+    # every template and 2- and 3-step problems occur
+    assert {len(e.meta["steps"]) for e in task.train} == {2, 3}
+    ops = {step.split("=")[0].strip("0123456789") for e in task.train for step in e.meta["steps"]}
+    assert ops == {"+", "-", "*", "/"} and len(TEMPLATES) == 6
+
+
+def test_reward_is_the_gsm8k_grader():
+    task = get_task("word_problems", n_train=1, n_eval=50)
+    for ex in task.eval:
+        n = ex.meta["value"]
+        for response in (f" 1+1=2 #### {n}", f" #### {n}.0", f"The answer is {n}", f" #### {n + 1}", " 3+4=7",
+                         "", f" #### {n} apples", f" #### ${n}"):
+            expected = 1.0 if grade(response, ex.answer, kind="gsm8k") else 0.0
+            assert task.reward(response, ex) == expected, response
+        assert task.reward(f" 2*3=6 #### {n}", ex) == 1.0
+        assert task.reward(f" 2*3=6 #### {n + 1}", ex) == 0.0
+        assert task.reward(f" #### {n}/1", ex) == 1.0  # read as a value, as the GSM8K grader does
+
+
+def test_listed_by_oblr_tasks(capsys):
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("task.name"))
+    assert "countdown" in line and "word_problems" in line
+
+
+def test_reward_goes_through_the_graders_gsm8k_path(monkeypatch):
+    """The training reward is the verdict of the grader ``oblr eval`` uses for GSM8K (``evaluate._grader``):
+    comma-grouped, dollar-signed and decimal final answers are graded alike, and the reward calls
+    ``oblr.grading.grade`` with ``kind="gsm8k"``."""
+    import oblr.tasks.math as math_mod
+    from oblr.evaluate import _grader
+    from oblr.tasks.word_problems import make_example
+
+    task = get_task("word_problems", n_train=1, n_eval=1)
+    ex = make_example("Q?", ["1000+234=1234"], 1234)
+    small = make_example("Q?", ["3*4=12"], 12)
+    eval_grade = _grader("gsm8k", 5.0)
+    cases = [(ex, " 1000+234=1234 #### 1,234", 1.0), (ex, " #### 1234.00", 1.0), (ex, " #### 1,235", 0.0),
+             (small, " #### $12", 1.0), (small, " 3*4=12 #### 12 ", 1.0), (small, " #### 13", 0.0)]
+    for example, response, want in cases:
+        assert task.reward(response, example) == want, response
+        assert eval_grade([response], [example])[0].correct == (want == 1.0), response
+    seen = []
+    real = math_mod.grade
+    monkeypatch.setattr(math_mod, "grade", lambda *a, **k: seen.append(k["kind"]) or real(*a, **k))
+    assert task.reward(" #### $12", small) == 1.0 and seen == ["gsm8k"]
+
+
+def test_option_ranges_checked():
+    import pytest
+
+    with pytest.raises(ValueError, match="n_eval"):
+        get_task("word_problems", n_eval=-1)
+    with pytest.raises(ValueError, match="unknown option|difficulty"):
+        get_task("word_problems", difficulty="hard")
