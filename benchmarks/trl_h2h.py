@@ -14,7 +14,10 @@ Variants (``--variants``):
   ``--grpo-lr``;
 - ``trl-oblr-snr``: ``OBLRGRPOTrainer`` with the SNR rule, ``learning_rate=--lr`` (eta_max);
 - ``trl-oblr-auto``: ``OBLRGRPOTrainer`` with ``learning_rate="auto"``;
-- ``native-oblr-snr``: ``oblr train`` (python API) with the same settings and ``optim.lr=--lr``.
+- ``native-oblr-snr``: ``oblr train`` (python API) with the same settings and ``optim.lr=--lr``;
+- ``native-grpo``: ``oblr train`` with GRPO (group mean, std-scaled) at the constant ``--grpo-lr``: the same
+  algorithm as ``trl-grpo`` in oblr's own loop, which separates what the framework does from what the
+  learning-rate rule does.
 
 Runs go to ``--jobs`` worker processes (one torch thread each). Writes ``OUT/results.json`` (every run), and
 ``OUT/summary.md`` (the table) and ``OUT/trl_h2h.png`` (accuracies and lr trajectories); ``--doc FILE``
@@ -32,10 +35,11 @@ import statistics
 import time
 from pathlib import Path
 
-VARIANTS = ("trl-grpo", "trl-oblr-snr", "trl-oblr-auto", "native-oblr-snr")
+VARIANTS = ("trl-grpo", "trl-oblr-snr", "trl-oblr-auto", "native-oblr-snr", "native-grpo")
 LABELS = {"trl-grpo": "TRL GRPOTrainer (dr_grpo loss, group-scaled rewards, fixed lr)",
           "trl-oblr-snr": "TRL OBLRGRPOTrainer, SNR rule", "trl-oblr-auto": "TRL OBLRGRPOTrainer, learning_rate='auto'",
-          "native-oblr-snr": "oblr train, OBLR-PO (SNR rule)"}
+          "native-oblr-snr": "oblr train, OBLR-PO (SNR rule)",
+          "native-grpo": "oblr train, GRPO (std-scaled, fixed lr)"}
 
 
 def parse_args(argv=None):
@@ -104,7 +108,7 @@ def _trl_run(variant: str, seed: int, a, out: Path) -> dict:
     return {"final": heldout(trainer.model, tok, task, a), "lr": lr}
 
 
-def _native_run(seed: int, a, out: Path) -> dict:
+def _native_run(variant: str, seed: int, a, out: Path) -> dict:
     from oblr.config import load_config
     from oblr.models import load_model_and_tokenizer
     from oblr.tasks import get_task
@@ -112,11 +116,13 @@ def _native_run(seed: int, a, out: Path) -> dict:
     from oblr.train.checkpoint import latest_checkpoint
 
     run_dir = out / "run"
+    algo = ([f"optim.lr={a.lr}", "algorithm.baseline=oblr", "algorithm.lr_schedule=snr"] if variant == "native-oblr-snr"
+            else [f"optim.lr={a.grpo_lr}", "algorithm.baseline=grpo", "algorithm.lr_schedule=constant"])
     cfg = load_config(None, [f"model.name_or_path={a.model}", "task.name=arithmetic", f"train.steps={a.steps}",
                              f"train.seed={seed}", f"rollout.prompts_per_step={a.prompts}",
                              f"rollout.group_size={a.num_generations}", f"rollout.max_new_tokens={a.max_completion_length}",
-                             f"optim.lr={a.lr}", f"optim.betas=[0.9,{a.beta2}]", "optim.weight_decay=0",
-                             "optim.grad_clip=1.0", "algorithm.baseline=oblr", "algorithm.lr_schedule=snr",
+                             f"optim.betas=[0.9,{a.beta2}]", "optim.weight_decay=0", "optim.grad_clip=1.0",
+                             *algo,
                              "train.eval_every=0", "task.eval_size=0", f"train.save_every={a.steps}",
                              "train.plots=false", "train.threads=1", f"train.output_dir={run_dir}"])
     train(cfg, resume=False, quiet=True)
@@ -150,7 +156,7 @@ def run_one(job: tuple) -> dict:
         shutil.rmtree(out / "run")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    res = _native_run(seed, a, out) if variant == "native-oblr-snr" else _trl_run(variant, seed, a, out)
+    res = _native_run(variant, seed, a, out) if variant.startswith("native") else _trl_run(variant, seed, a, out)
     res.update(variant=variant, seed=seed, seconds=round(time.perf_counter() - t0, 1), protocol=protocol)
     done.write_text(json.dumps(res))
     return res
@@ -185,7 +191,8 @@ def table(a, start: dict, runs: list[dict]) -> str:
         rs = sorted((r for r in runs if r["variant"] == v), key=lambda r: r["seed"])
         if not rs:
             continue
-        lr_desc = {"trl-grpo": f"{a.grpo_lr:g} fixed", "trl-oblr-auto": "auto"}.get(v, f"SNR, eta_max {a.lr:g}")
+        lr_desc = {"trl-grpo": f"{a.grpo_lr:g} fixed", "native-grpo": f"{a.grpo_lr:g} fixed",
+                   "trl-oblr-auto": "auto"}.get(v, f"SNR, eta_max {a.lr:g}")
         mean_lr = [statistics.mean(r["lr"]) for r in rs if r["lr"]]
         zeros = [sum(x == 0 for x in r["lr"]) for r in rs]
         per_seed = ", ".join(f"{100 * r['final']['sampled']:.1f} / {100 * r['final']['greedy']:.1f}" for r in rs)
