@@ -1,6 +1,7 @@
 # One command sets up an environment and runs the suite on a fresh machine: `make test`.
 # One command trains OBLR-PO on the built-in task and tiny model:         `make demo`.
 # vLLM rollouts (rollout.engine=vllm) have their own environment: `make setup-vllm` -> .venv-vllm.
+# verl's registered estimator and loss have theirs (verl pins transformers < 5.11): `make setup-verl` -> .venv-verl.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,8 +14,14 @@ VLLM_TESTS := tests/rollout/test_vllm.py
 # the versions the suite was last run with (empty CONSTRAINTS / VLLM_CONSTRAINTS: the newest allowed by the ranges)
 CONSTRAINTS ?= constraints/test.txt
 VLLM_CONSTRAINTS ?= constraints/vllm.txt
+VERL_VENV ?= .venv-verl
+VERL_BIN := $(VERL_VENV)/bin
+# the verl environment is installed from this freeze (it must be set)
+VERL_CONSTRAINTS ?= constraints/verl.txt
+# the tests that need verl (run in .venv-verl; OBLR_REQUIRE_VERL=1 makes a missing verl fail, not skip)
+VERL_TESTS := tests/integrations/verl
 
-.PHONY: setup setup-vllm test demo clean
+.PHONY: setup setup-vllm setup-verl test demo clean
 
 $(BIN)/oblr: pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
@@ -40,12 +47,27 @@ $(VLLM_BIN)/oblr: pyproject.toml $(VLLM_CONSTRAINTS)
 
 setup-vllm: $(VLLM_BIN)/oblr
 
-test: setup setup-vllm
+$(VERL_BIN)/oblr: pyproject.toml $(VERL_CONSTRAINTS)
+	$(PY) -m venv $(VERL_VENV)
+	$(VERL_BIN)/pip install -q --upgrade pip
+	$(VERL_BIN)/pip install -q torch==2.13.0
+	# pip's resolver gives up on verl's dependency graph with oblr's open ranges ("resolution-too-deep",
+	# after 11 minutes): install the tested freeze (every package pinned, pytest included), then oblr itself
+	$(VERL_BIN)/pip install -q -r $(VERL_CONSTRAINTS)
+	$(VERL_BIN)/pip install -q --no-deps -e .
+	$(VERL_BIN)/pip check
+	$(VERL_BIN)/python -c "import verl.trainer.ppo.core_algos, verl; print('verl', verl.__version__, 'ready in $(VERL_VENV)')"
+	touch $(VERL_BIN)/oblr
+
+setup-verl: $(VERL_BIN)/oblr
+
+test: setup setup-vllm setup-verl
 	$(BIN)/python -m pytest tests
 	OBLR_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest $(VLLM_TESTS)
+	OBLR_REQUIRE_VERL=1 $(VERL_BIN)/python -m pytest $(VERL_TESTS)
 
 demo: setup
 	$(BIN)/oblr train
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) runs

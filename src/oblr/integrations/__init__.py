@@ -2,6 +2,8 @@
 
 - :mod:`oblr.integrations.trl` -- ``OBLRGRPOConfig`` / ``OBLRGRPOTrainer``, drop-in subclasses of TRL's
   ``GRPOConfig`` / ``GRPOTrainer`` (install with ``pip install "oblr[trl]"``; see docs/trl.md).
+- :mod:`oblr.integrations.verl` -- the ``oblr`` advantage estimator and policy loss, registered in verl's
+  registries on import (install with ``pip install "oblr[verl]"``; see docs/verl.md).
 
 Nothing is imported here, so ``import oblr.integrations`` never needs an optional framework.
 """

@@ -1,0 +1,46 @@
+"""OBLR-PO pieces inside verl (tested with verl 0.9.1): the ``oblr`` advantage estimator and policy loss.
+
+Importing this package registers both in verl's registries (:func:`register`, idempotent), so verl loads
+them by name through its external-module mechanism::
+
+    VERL_USE_EXTERNAL_MODULES=oblr.integrations.verl python -m verl.trainer.main_ppo \\
+        algorithm.adv_estimator=oblr actor_rollout_ref.actor.policy_loss.loss_mode=oblr \\
+        actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm \\
+        actor_rollout_ref.actor.loss_scale_factor=<max response length> ...
+
+- :mod:`.estimator` -- ``oblr`` estimator: verl's rows grouped by ``uid``, oblr's own
+  :func:`oblr.estimators.estimate` on them, w_i read from ``batch["reward_baselines"]``;
+- :mod:`.loss` -- ``oblr`` policy loss: :func:`oblr.losses.policy_loss` with ``seq_sum_const`` factors from
+  verl's global batch info; refused actor settings (``RULES``).
+
+Not here yet (docs/verl.md): the actor-side norm pass that puts w_i into the batch, the SNR learning rate
+on the actor's optimizer, a recipe. Needs ``pip install "oblr[verl]"``.
+"""
+
+from __future__ import annotations
+
+from .estimator import WEIGHTS_KEY, compute_oblr_advantage, oblr_advantages, put_weights
+from .loss import RULES, oblr_policy_loss, refusal
+
+#: the name both functions are registered under in verl
+NAME = "oblr"
+
+__all__ = ["NAME", "RULES", "WEIGHTS_KEY", "compute_oblr_advantage", "oblr_advantages", "oblr_policy_loss",
+           "put_weights", "refusal", "register"]
+
+
+def register() -> None:
+    """Register the ``oblr`` estimator and policy loss in verl's registries (a second call changes nothing)."""
+    try:
+        from verl.trainer.ppo import core_algos
+    except ModuleNotFoundError as e:
+        if e.name is None or not e.name.startswith("verl"):
+            raise
+        raise ModuleNotFoundError('oblr.integrations.verl needs verl: pip install "oblr[verl]"', name="verl") from None
+    if core_algos.ADV_ESTIMATOR_REGISTRY.get(NAME) is not compute_oblr_advantage:
+        core_algos.register_adv_est(NAME)(compute_oblr_advantage)
+    if core_algos.POLICY_LOSS_REGISTRY.get(NAME) is not oblr_policy_loss:
+        core_algos.register_policy_loss(NAME)(oblr_policy_loss)
+
+
+register()
