@@ -22,13 +22,13 @@ if TYPE_CHECKING:
     from .layers import register_rule, register_structural_rule, registered_types
     from .methods import METHODS, NORMS_METHODS
     from .proxies import length_weights, logit_energy_weights
-    from .twopass import TwoPassBookKeeper
     from .reference import (
         loop_group_sq_norms,
         loop_per_sequence_grads,
         loop_sequence_sq_norms,
         loop_weighted_grad,
     )
+    from .twopass import TwoPassBookKeeper
 
 __all__ = [
     "METHODS",
