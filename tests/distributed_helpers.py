@@ -33,6 +33,15 @@ class Scenario:
     epochs: int = 1
     grad_clip: float = 0.0
     bucket_mb: float = 25.0
+    checkpointing: bool = False  # model.activation_checkpointing: the two-pass norm engine
+
+    def policy(self, model):
+        """``model`` with this scenario's activation checkpointing (non-reentrant) switched on if asked."""
+        if self.checkpointing:
+            from oblr.models import enable_activation_checkpointing
+
+            enable_activation_checkpointing(model)
+        return model
 
     def settings(self) -> UpdateSettings:
         return UpdateSettings(baseline=self.baseline, aggregation=self.aggregation, max_len=self.max_len,
@@ -50,6 +59,8 @@ SCENARIOS = [
     Scenario("ddp-oblr-microbatch-kl-2epochs", "ddp", max_len=12, micro_batch_groups=1, kl_coef=0.1, epochs=2,
              grad_clip=0.05),
     Scenario("ddp-grpo-plain", "ddp", baseline="grpo", need_snr=False, aggregation="seq_mean"),
+    Scenario("ddp-oblr-checkpointing-microbatch-kl", "ddp", max_len=12, micro_batch_groups=1, kl_coef=0.1,
+             checkpointing=True),
 ]
 
 # fsdp with bf16 compute (distributed.options.param_dtype=bfloat16, float32 reductions): close to the float32

@@ -64,7 +64,7 @@ def main(out_path: str) -> None:
     results = {"world_size": env.world_size, "collectives": collectives(env.rank), "generation": generation(env.rank)}
     for sc in SCENARIOS:
         parallel = make_parallel(sc.mode, bucket_mb=sc.bucket_mb)
-        model = parallel.prepare(tiny_qwen3().train())
+        model = parallel.prepare(sc.policy(tiny_qwen3().train()))
         ref = parallel.prepare(tiny_qwen3().requires_grad_(False)) if sc.kl_coef else None
         out = data_parallel_step(model, ref, sc, parallel, env.rank, env.world_size)
         for key in ("grads", "grads2", "params"):

@@ -78,6 +78,10 @@ class ModelConfig:
                          range=Range(ge=0, le=65536))
     lora_alpha: float = opt(16.0, "LoRA alpha", range=Range(gt=0, le=BIG))
     lora_targets: list = opt(["q_proj", "k_proj", "v_proj", "o_proj"], "module names LoRA adapts")
+    activation_checkpointing: bool = opt(False, "recompute each decoder block's activations in the backward "
+                                                "(Hugging Face non-reentrant checkpointing) to save memory; the "
+                                                "exact-norm path then runs a norm pass and a gradient pass "
+                                                "(docs/gradnorm.md)")
 
 
 @dataclass

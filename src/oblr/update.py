@@ -22,6 +22,10 @@ method name:
   norms ``||g_k||^2`` (``g_k = N sum_{i in k} grad obj_i``) come out. With KL on, the KL gradient must be
   inside each g_k, so the rows' objective ``obj_i`` gets a second recorded backward on the retained graph
   (the first one only when exact weights are needed) and g_k and ``.grad`` come from that record;
+- with activation checkpointing on (``model.activation_checkpointing``) the book-keeping path runs on
+  :class:`oblr.gradnorm.TwoPassBookKeeper` (:func:`oblr.gradnorm.make_book`): each recorded "backward" is
+  a norm pass that keeps only per-prompt Grams, and ``.grad`` comes from one ordinary backward of
+  ``sum_i obj_i`` -- the same numbers, one more backward pass, no per-layer activations kept;
 - plain path (proxy or no weights, no SNR): forward, advantages, one ordinary backward of
   ``sum_i obj_i``, exactly a GRPO step.
 
@@ -47,7 +51,7 @@ from dataclasses import dataclass, field
 import torch
 
 from oblr.estimators import Estimate, estimate, get_estimator
-from oblr.gradnorm import BookKeeper, length_weights, logit_energy_weights
+from oblr.gradnorm import length_weights, logit_energy_weights, make_book
 from oblr.logprobs import forward_logits, response_token_logprobs, sequence_logprobs, token_entropy
 from oblr.losses import BatchTotals, policy_loss, sequence_kl, sequence_scale
 from oblr.params import grad_sq_norm, trainable_params  # noqa: F401 (re-exported: the core's API)
@@ -184,7 +188,7 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     kl_on = settings.kl_coef > 0
     if kl_on and ref_model is None:
         raise ValueError(f"kl_coef = {settings.kl_coef} needs ref_model (the frozen reference policy)")
-    book = (BookKeeper(model, method=settings.norms_method, grad_sink=grad_sink)
+    book = (make_book(model, method=settings.norms_method, grad_sink=grad_sink)
             if source == "exact" or settings.need_snr else None)
 
     parts: list[Estimate] = []
@@ -192,12 +196,13 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     loss_sum, ent_sum, kl_sum = rmf.new_zeros(()), rmf.new_zeros(()), rmf.new_zeros(())
     for k0, k1, rows in micro_batches(N, G, settings.micro_batch_groups):
         r_mb, rm_mb, c_mb = rewards[k0:k1], rmf[rows], scale[rows]
+        local_groups = torch.arange(k1 - k0, device=rmf.device).repeat_interleave(G)
         ref_lp = _reference_logprobs(ref_model, ids[rows], am[rows], rm[rows], settings, autocast) if kl_on else None
         with book.record() if book is not None else nullcontext():
             logits, tok_lp = _scored_logprobs(model, ids[rows], am[rows], rm[rows], settings, autocast)
             seq_lp = sequence_logprobs(tok_lp, rm_mb)
             if book is not None and (source == "exact" or not kl_on):
-                book.backward(seq_lp, retain_graph=kl_on)  # records s_i; with KL, kept for obj_i below
+                book.backward(seq_lp, retain_graph=kl_on, group_ids=local_groups)  # s_i; with KL, kept for obj_i
         ent_sum = ent_sum + _entropy_sum(logits, rm_mb, settings.temperature)
 
         weights = None
@@ -220,10 +225,9 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
         else:
             row_coeffs = coeffs
             if kl_on:  # the records of obj_i itself: each row's gradient includes its KL term
-                book.backward(obj)
+                book.backward(obj, group_ids=local_groups)
                 row_coeffs = torch.ones_like(coeffs)
             if settings.need_snr:  # .grad and ||g_k||^2 (g_k = N sum_{i in k} grad obj_i) from one pass
-                local_groups = torch.arange(k1 - k0, device=coeffs.device).repeat_interleave(G)
                 gk = (book.accumulate_grad_with_group_norms(row_coeffs, local_groups) if settings.assemble_grad
                       else book.group_sq_norms(row_coeffs, local_groups))
                 gks.append(gk * (n_total * n_total))

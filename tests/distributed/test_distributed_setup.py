@@ -156,6 +156,8 @@ def test_data_parallel_step_in_one_process_is_the_one_process_step():
     ([], {"WORLD_SIZE": "2", "RANK": "0"}, "torchrun started 2 processes but distributed.strategy is 'none'"),
     (["distributed.strategy=fsdp", "model.lora_rank=4"], {"WORLD_SIZE": "2", "RANK": "0"},
      "'fsdp' with LoRA (model.lora_rank > 0) is not supported"),
+    (["distributed.strategy=fsdp", "model.activation_checkpointing=true"], {"WORLD_SIZE": "2", "RANK": "0"},
+     "'fsdp' with model.activation_checkpointing is not supported"),
     (["distributed.strategy=ddp", "rollout.prompts_per_step=3"], {"WORLD_SIZE": "2", "RANK": "0"},
      "N = 3 prompts per step do not split over 2 ranks"),
 ])

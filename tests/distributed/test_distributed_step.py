@@ -44,7 +44,7 @@ def worker_results(tmp_path_factory):
 
 
 def _models(sc):
-    return tiny_qwen3().train(), (tiny_qwen3().requires_grad_(False) if sc.kl_coef else None)
+    return sc.policy(tiny_qwen3().train()), (tiny_qwen3().requires_grad_(False) if sc.kl_coef else None)
 
 
 @pytest.mark.parametrize("sc", SCENARIOS, ids=lambda s: s.name)

@@ -198,3 +198,19 @@ def test_bad_build_arguments(tmp_path):
     with pytest.raises(ValueError, match="sft_steps"):
         bm.build_builtin_model(tmp_path / "x", **{**TINY, "sft_steps": -1})
     assert not (tmp_path / "x").exists()
+
+
+def test_activation_checkpointing_is_enabled_non_reentrant_or_refused_in_one_line():
+    from conftest import tiny_qwen3
+    from gradnorm_helpers import ToyLM
+
+    from oblr.config import ConfigError
+    from oblr.gradnorm.engine import checkpointing_modules
+    from oblr.models import enable_activation_checkpointing
+
+    model = tiny_qwen3()
+    enable_activation_checkpointing(model)
+    assert "model.layers.0" in checkpointing_modules(model)
+    assert model.model.layers[0]._gradient_checkpointing_func.keywords == {"use_reentrant": False}
+    with pytest.raises(ConfigError, match=r"^config key 'model.activation_checkpointing': ToyLM does not support"):
+        enable_activation_checkpointing(ToyLM())

@@ -4,6 +4,8 @@
 - :class:`BookKeeper` -- one forward + one backward per micro-batch, then ``sq_norms``, ``group_sq_norms``,
   ``accumulate_grad`` from the stored activations and output gradients; ``method="loop"`` gives the same
   interface with one backward per sequence (the slow exact reference, registry :data:`NORMS_METHODS`).
+- :class:`TwoPassBookKeeper` -- the same with activation checkpointing on: a norm pass that keeps only
+  per-group Grams, then an ordinary backward for the gradient; :func:`make_book` picks the engine for a model.
 - :func:`register_rule` -- add a rule for another module type.
 - :mod:`oblr.gradnorm.reference` -- the slow exact loop; :mod:`oblr.gradnorm.proxies` -- forward-only proxies.
 See docs/gradnorm.md. The names below are imported from their modules on first use (:mod:`oblr._lazy`), so
@@ -16,7 +18,7 @@ from oblr._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .contrib import Dense, Grouping, Outer
-    from .engine import BookKeeper, UnsupportedModuleError, sequence_grad_sq_norms
+    from .engine import BookKeeper, UnsupportedModuleError, make_book, sequence_grad_sq_norms
     from .layers import register_rule, register_structural_rule, registered_types
     from .methods import METHODS, NORMS_METHODS
     from .proxies import length_weights, logit_energy_weights
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
         loop_sequence_sq_norms,
         loop_weighted_grad,
     )
+    from .twopass import TwoPassBookKeeper
 
 __all__ = [
     "METHODS",
@@ -34,9 +37,11 @@ __all__ = [
     "Dense",
     "Grouping",
     "Outer",
+    "TwoPassBookKeeper",
     "UnsupportedModuleError",
     "length_weights",
     "logit_energy_weights",
+    "make_book",
     "loop_group_sq_norms",
     "loop_per_sequence_grads",
     "loop_sequence_sq_norms",
@@ -50,7 +55,8 @@ __all__ = [
 _EXPORTS = {  # module -> the names this package exports from it (the imports above)
     ".methods": ["METHODS", "NORMS_METHODS"],
     ".contrib": ["Dense", "Grouping", "Outer"],
-    ".engine": ["BookKeeper", "UnsupportedModuleError", "sequence_grad_sq_norms"],
+    ".engine": ["BookKeeper", "UnsupportedModuleError", "make_book", "sequence_grad_sq_norms"],
+    ".twopass": ["TwoPassBookKeeper"],
     ".layers": ["register_rule", "register_structural_rule", "registered_types"],
     ".proxies": ["length_weights", "logit_energy_weights"],
     ".reference": ["loop_group_sq_norms", "loop_per_sequence_grads", "loop_sequence_sq_norms",

@@ -116,12 +116,16 @@ class BookKeeper:
         self._kept: list[_Record] | None = None  # records kept by backward(retain_graph=True)
         self._plan()  # fail early on unsupported modules
 
+    #: the two-pass engine (oblr.gradnorm.twopass) sets this; the loop method accepts it too (no hooks)
+    _accepts_checkpointing = False
+
     # ------------------------------------------------------------------ planning
     def _plan(self) -> list[_Hooked]:
-        ckpt = [p for p, m in self.model.named_modules() if getattr(m, "gradient_checkpointing", False) is True]
-        if ckpt:
-            raise ValueError(f"gradient checkpointing is enabled on '{ckpt[0] or '<root>'}'; the book-keeping engine "
-                             "keeps every layer's input anyway, so disable it (model.gradient_checkpointing_disable())")
+        ckpt = checkpointing_modules(self.model)
+        if ckpt and self.method != "loop" and not self._accepts_checkpointing:
+            raise ValueError(f"gradient checkpointing is enabled on '{ckpt[0] or '<root>'}'; the one-pass "
+                             "BookKeeper keeps every layer's input anyway: use oblr.gradnorm.TwoPassBookKeeper "
+                             "(or make_book), or disable it (model.gradient_checkpointing_disable())")
         entries: dict[int, _Entry] = {}
         for path, mod in self.model.named_modules():
             for lname, p in mod._parameters.items():
@@ -211,14 +215,16 @@ class BookKeeper:
 
         return hook
 
-    def backward(self, seq_obj: torch.Tensor, *, retain_graph: bool = False) -> None:
+    def backward(self, seq_obj: torch.Tensor, *, retain_graph: bool = False, group_ids=None) -> None:
         """One backward pass of ``seq_obj.sum()`` ([B] per-row objectives, e.g. ``l_i``); stores contributions.
 
         Parameter ``.grad`` fields are not touched. Row i of every activation gradient is the gradient of
         ``seq_obj[i]`` alone, provided rows do not interact in the forward pass (true for causal LMs).
         With ``retain_graph`` the graph and the records are kept, and ``backward`` may be called again
         (inside or after ``record()``) with another per-row objective of the same forward pass; the
-        new contributions replace the previous ones.
+        new contributions replace the previous ones. ``group_ids`` (the grouping of later group queries) is
+        ignored here, where every grouping can be assembled; :class:`~oblr.gradnorm.twopass.TwoPassBookKeeper`
+        needs it.
         """
         if seq_obj.dim() != 1:
             raise ValueError(f"seq_obj must be [B] (one objective per row), got shape {tuple(seq_obj.shape)}")
@@ -380,6 +386,21 @@ class BookKeeper:
     def parameter_names(self) -> list[str]:
         """Names of the trainable parameters (deduplicated by identity) in assembly order."""
         return [e.name for e in self._entries]
+
+
+def checkpointing_modules(model: nn.Module) -> list[str]:
+    """Paths of the modules of ``model`` with Hugging Face gradient checkpointing switched on."""
+    return [p for p, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True]
+
+
+def make_book(model: nn.Module, method: str = "auto", grad_sink=None) -> BookKeeper:
+    """The engine for ``model``: :class:`~oblr.gradnorm.twopass.TwoPassBookKeeper` when activation
+    checkpointing is on (and ``method`` is not the loop reference), else the one-pass :class:`BookKeeper`."""
+    if checkpointing_modules(model) and method != "loop":
+        from .twopass import TwoPassBookKeeper
+
+        return TwoPassBookKeeper(model, method=method, grad_sink=grad_sink)
+    return BookKeeper(model, method=method, grad_sink=grad_sink)
 
 
 def _add_grad(p: nn.Parameter, inc: torch.Tensor) -> None:

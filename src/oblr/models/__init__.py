@@ -9,7 +9,8 @@ first time it is asked for; the tasks ``countdown`` and ``word_problems`` have t
 (``"builtin:tiny-countdown"``, ``"builtin:tiny-words"``, :mod:`oblr.models.task_builtins`). A checkpoint of an FSDP run saved before the run's end holds its weights only
 as sharded state (``sharded/``): it is loaded in one process from its config and the shards
 (:func:`is_sharded_checkpoint`). Real checkpoints prepared by ``oblr models prepare NAME``
-(:mod:`oblr.models.prepare`) load as ``"prepared:NAME"``. :func:`wrap_lora` adds LoRA adapters (peft). :data:`DTYPES` lists the
+(:mod:`oblr.models.prepare`) load as ``"prepared:NAME"``. :func:`wrap_lora` adds LoRA adapters (peft); :func:`enable_activation_checkpointing` turns on non-reentrant
+activation checkpointing. :data:`DTYPES` lists the
 parameter dtypes by name (``model.dtype``).
 """
 
@@ -235,6 +236,21 @@ def _from_sharded_checkpoint(path: Path, dtype, trust_remote_code: bool):
     model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     load_sharded_weights(Path(path) / "sharded", model)
     return model
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Hugging Face activation checkpointing of ``model``'s decoder blocks, non-reentrant (the kind the
+    exact-norm engine works with, :class:`oblr.gradnorm.TwoPassBookKeeper`). A model that cannot checkpoint
+    is refused in one line (:class:`oblr.config.ConfigError`)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        from oblr.config import ConfigError
+
+        raise ConfigError(f"config key 'model.activation_checkpointing': {type(model).__qualname__} does not support "
+                          "activation checkpointing (its supports_gradient_checkpointing is not True)")
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:  # pragma: no cover - older transformers
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def wrap_lora(model, *, rank: int, alpha: float, targets: list[str]):

@@ -96,7 +96,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ setup
     def _setup(self) -> None:
-        from oblr.models import load_model_and_tokenizer, wrap_lora
+        from oblr.models import enable_activation_checkpointing, load_model_and_tokenizer, wrap_lora
         from oblr.tracking import MetricsLogger, ProgressDisplay
 
         cfg = self.cfg
@@ -132,6 +132,8 @@ class Trainer:
             self.task = get_task(cfg.task.name, **cfg.task.options, tokenizer=self.tokenizer)
             self.eval_examples = self.task.eval[: cfg.task.eval_size]
         m, o = cfg.model, cfg.optim
+        if m.activation_checkpointing:  # a model that cannot checkpoint is refused here, before any step
+            enable_activation_checkpointing(self.model)
         if m.lora_rank > 0:
             self.model = wrap_lora(self.model, rank=m.lora_rank, alpha=m.lora_alpha, targets=m.lora_targets)
         self.ref_model = None

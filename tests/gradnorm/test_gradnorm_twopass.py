@@ -1,0 +1,154 @@
+"""TwoPassBookKeeper with activation checkpointing on (non-reentrant): w_i, group norms and .grad against the
+loop, on tiny Qwen3 (tied) / Llama (untied, biases) and peft LoRA; checkpointing really recomputes; misuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_llama, tiny_qwen3
+from gradnorm_helpers import make_batch, rel_err
+
+from oblr.gradnorm import (
+    BookKeeper,
+    TwoPassBookKeeper,
+    loop_group_sq_norms,
+    loop_sequence_sq_norms,
+    loop_weighted_grad,
+    make_book,
+)
+from oblr.logprobs import sequence_logprobs, token_logprobs
+
+RTOL = 1e-5
+
+
+def _ckpt(model, reentrant: bool = False):
+    model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    return model
+
+
+def _batch(vocab):
+    ids, am, rm = make_batch(vocab, [3, 4, 2, 5, 3, 3, 4], [5, 2, 6, 4, 3, 1, 3], seed=2)
+    return ids, am, rm
+
+
+def _grad_err(got, ref):
+    return max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(got, ref))
+
+
+def _two_pass(model, ids, am, rm, coeffs, gid, method):
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+    book = TwoPassBookKeeper(model, method=method)
+    with book.record():
+        seq = sequence_logprobs(token_logprobs(model, ids, am), rm)
+        book.backward(seq, group_ids=gid)
+    w = book.sq_norms()
+    gk = book.accumulate_grad_with_group_norms(coeffs, gid)
+    book.clear()
+    return w, gk, [p.grad.clone() for p in params]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_tied", "llama"])
+@pytest.mark.parametrize("method", ["auto", "ghost", "materialize"])
+def test_two_pass_matches_the_loop_with_checkpointing_on(arch, method):
+    model = _ckpt(tiny_qwen3(seed=3) if arch == "qwen3_tied" else tiny_llama())
+    ids, am, rm = _batch(model.config.vocab_size)
+    coeffs = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(1))
+    gid = torch.tensor([2, 0, 2, 1, 0, 2, 5])  # interleaved, unequal groups, ids not contiguous
+    w_ref = loop_sequence_sq_norms(model, ids, am, rm)
+    gk_ref = loop_group_sq_norms(model, ids, am, rm, coeffs, gid)
+    g_ref = loop_weighted_grad(model, ids, am, rm, coeffs)
+    w, gk, g = _two_pass(model, ids, am, rm, coeffs, gid, method)
+    assert rel_err(w, w_ref) < RTOL
+    assert rel_err(gk, gk_ref) < RTOL
+    assert _grad_err(g, g_ref) < RTOL
+
+
+def test_two_pass_with_peft_lora_and_checkpointing():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        tiny_qwen3(seed=5), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    _ckpt(model)
+    ids, am, rm = _batch(model.config.vocab_size)
+    coeffs = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(3))
+    gid = torch.arange(ids.shape[0]) // 3
+    w, gk, g = _two_pass(model, ids, am, rm, coeffs, gid, "auto")
+    assert rel_err(w, loop_sequence_sq_norms(model, ids, am, rm)) < RTOL
+    assert rel_err(gk, loop_group_sq_norms(model, ids, am, rm, coeffs, gid)) < RTOL
+    assert _grad_err(g, loop_weighted_grad(model, ids, am, rm, coeffs)) < RTOL
+    assert all("lora_" in n for n in book_names(model))
+
+
+def book_names(model):
+    return TwoPassBookKeeper(model).parameter_names()
+
+
+def test_checkpointed_blocks_are_recomputed_in_each_pass_and_grad_accumulates():
+    model = _ckpt(tiny_qwen3(seed=3))
+    ids, am, rm = _batch(model.config.vocab_size)
+    calls = []
+    model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *a: calls.append(1))
+    assert isinstance(make_book(model), TwoPassBookKeeper) and type(make_book(model, method="loop")) is BookKeeper
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    coeffs = torch.linspace(-1, 1, ids.shape[0])
+    book = make_book(model)
+    with book.record():
+        seq = sequence_logprobs(token_logprobs(model, ids, am), rm)
+        assert len(calls) == 1
+        book.backward(seq)
+    assert len(calls) == 2  # the norm pass recomputed the block
+    assert book.accumulate_grad(coeffs) is None
+    assert len(calls) == 3  # and the gradient pass again
+    assert all(p.requires_grad for p in params)
+    ref = loop_weighted_grad(model, ids, am, rm, coeffs)
+    assert _grad_err([p.grad - 1 for p in params], ref) < RTOL
+    with pytest.raises(RuntimeError, match="gradient pass already ran"):
+        book.accumulate_grad(coeffs)
+    book.clear()
+    assert not book._handles  # hooks are gone after clear()
+
+
+def test_kl_style_second_norm_pass_replaces_the_first():
+    model = _ckpt(tiny_qwen3(seed=3))
+    ids, am, rm = _batch(model.config.vocab_size)
+    a = torch.linspace(0.5, 2.0, ids.shape[0])
+    gid = torch.arange(ids.shape[0]) // 2
+    book = TwoPassBookKeeper(model)
+    with book.record():
+        seq = sequence_logprobs(token_logprobs(model, ids, am), rm)
+        book.backward(seq, group_ids=gid)
+    w1 = book.sq_norms()
+    book.backward(a * seq, group_ids=gid)  # a second per-row objective of the same forward
+    assert rel_err(book.sq_norms(), w1 * a * a) < RTOL
+    ones = torch.ones_like(a)
+    assert rel_err(book.group_sq_norms(ones, gid), loop_group_sq_norms(model, ids, am, rm, a, gid)) < RTOL
+    book.clear()
+
+
+def test_misuse_is_refused_in_one_line():
+    model = _ckpt(tiny_qwen3(seed=3))
+    with pytest.raises(ValueError, match="TwoPassBookKeeper"):
+        BookKeeper(model)
+    with pytest.raises(ValueError, match="grad_sink"):
+        TwoPassBookKeeper(model, grad_sink=lambda p, inc: None)
+    with pytest.raises(ValueError, match="loop"):
+        TwoPassBookKeeper(model, method="loop")
+    ids, am, rm = _batch(model.config.vocab_size)
+    gid = torch.arange(ids.shape[0]) // 2
+    book = TwoPassBookKeeper(model)
+    with book.record():
+        seq = sequence_logprobs(token_logprobs(model, ids, am), rm)
+        book.backward(seq, group_ids=gid)
+    with pytest.raises(ValueError, match="group_ids differ"):
+        book.group_sq_norms(torch.ones(ids.shape[0]), torch.arange(ids.shape[0]))
+    book.clear()
+    reentrant = _ckpt(tiny_qwen3(seed=3), reentrant=True)
+    book = TwoPassBookKeeper(reentrant)
+    with pytest.raises(RuntimeError, match="use_reentrant=False"):
+        with book.record():
+            token_logprobs(reentrant, ids, am)
+    assert not book._handles
