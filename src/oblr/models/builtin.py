@@ -235,15 +235,29 @@ def _build(out_dir, *, seed, sft_steps, batch_size, lr, digit_noise, n_train, n_
     say("measuring the accuracy of the built-in model")
     acc_sampled = measure_accuracy(model, tokenizer, task, task.eval, greedy=False, seed=seed)
     acc_greedy = measure_accuracy(model, tokenizer, task, task.eval, greedy=True)
-    import tokenizers
-    import transformers
-
     meta = {
         "name": "builtin:tiny-arith", "version": BUILTIN_VERSION, "seed": seed,
         "recipe": builtin_recipe(seed) if (steps, bs, peak, noise, n_train) == (
             SFT_DEFAULTS["sft_steps"], SFT_DEFAULTS["batch_size"], SFT_DEFAULTS["lr"],
             SFT_DEFAULTS["digit_noise"], N_TRAIN) else None, "sft_steps": steps,
         "batch_size": bs, "lr": peak, "digit_noise": noise, "task": {"name": "arithmetic", "seed": seed, **BUILTIN_TASK},
+        **build_record(model, losses, n_measure, acc_sampled, acc_greedy, t_sft),
+    }
+    save_build(model, tokenizer, meta, out, overwrite=overwrite, t0=t0)
+    say(f"built-in model ready in {meta['build_seconds']:.0f}s: sampled accuracy {acc_sampled:.1%}, "
+        f"greedy {acc_greedy:.1%} on {n_measure} held-out problems")
+    return out
+
+
+def build_record(model, losses: list[float], n_measure: int, acc_sampled: float, acc_greedy: float,
+                 t_sft: float) -> dict:
+    """The part of a built-in model's metadata every build records: its SFT losses, measured accuracy, size,
+    timing (``build_seconds`` is set by :func:`save_build`) and library versions."""
+    import tokenizers
+    import torch
+    import transformers
+
+    return {
         "final_sft_loss": losses[-1] if losses else None,
         "sft_loss_every_50": [round(x, 4) for x in losses[49::50]], "n_measure": n_measure,
         "accuracy_sampled_t1": acc_sampled, "accuracy_greedy": acc_greedy,
@@ -252,6 +266,11 @@ def _build(out_dir, *, seed, sft_steps, batch_size, lr, digit_noise, n_train, n_
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "tokenizers": tokenizers.__version__},
     }
+
+
+def save_build(model, tokenizer, meta: dict, out: Path, *, overwrite: bool, t0: float) -> None:
+    """Write a built model, its tokenizer and ``meta`` (last: its presence marks a complete build) into a
+    temporary folder beside ``out`` and rename it to ``out`` (:func:`_publish`); ``t0``: when the build began."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:
@@ -265,9 +284,6 @@ def _build(out_dir, *, seed, sft_steps, batch_size, lr, digit_noise, n_train, n_
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    say(f"built-in model ready in {meta['build_seconds']:.0f}s: sampled accuracy {acc_sampled:.1%}, "
-        f"greedy {acc_greedy:.1%} on {n_measure} held-out problems")
-    return out
 
 
 def _publish(tmp: Path, out: Path, *, overwrite: bool) -> None:
