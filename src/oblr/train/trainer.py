@@ -39,7 +39,6 @@ from oblr.distributed import (
     shutdown,
 )
 from oblr.logprobs import logprob_gap
-from oblr.models import ensure_builtin_built, load_model_and_tokenizer, place_for_training, quiet_hf_progress
 from oblr.models.task_builtins import builtin_for_task
 from oblr.params import trainable_params
 from oblr.rollout import generate_and_score, make_engine
@@ -92,6 +91,8 @@ class Trainer:
         if main:  # again, now that this process holds the folder
             rundir.prepare_run_dir(self.cfg, self.run_dir, resume=self.resume, or_start=self.or_start,
                                    warn=self._warn)
+        from oblr.models import ensure_builtin_built
+
         try:
             ensure_builtin_built(self._model_name(), distributed=self.dist.distributed,
                                  local_rank=self.dist.local_rank, rank=self.dist.rank,
@@ -291,6 +292,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------- setup
     def _setup(self) -> None:
+        # oblr.models looked up when the run starts (tests replace its loader)
+        from oblr.models import load_model_and_tokenizer, place_for_training, quiet_hf_progress
+
         cfg, main = self.cfg, self.dist.is_main
         quiet_hf_progress()
         for warning in settings_warnings(cfg):
