@@ -66,6 +66,13 @@ def safetensors_intact(path: str | os.PathLike) -> bool:
 def is_current_build(path: str | os.PathLike) -> bool:
     """True when ``path`` holds a complete build (metadata written) of the current default recipe whose
     weights file is intact (a truncated cache is rebuilt)."""
+    return is_complete_build(path, builtin_recipe)
+
+
+def is_complete_build(path: str | os.PathLike, recipe) -> bool:
+    """True when ``path`` holds a complete build (metadata written last, a config, intact safetensors weights)
+    whose recorded recipe is ``recipe(seed)``, the current one for its seed: the cache check of every
+    built-in model (:func:`is_current_build`, :func:`oblr.models.task_builtins.is_current`)."""
     meta_path = Path(path) / METADATA_FILE
     if not meta_path.is_file() or not (Path(path) / "config.json").is_file():
         return False
@@ -74,7 +81,7 @@ def is_current_build(path: str | os.PathLike) -> bool:
     except (OSError, ValueError):
         return False
     weights = sorted(Path(path).glob("*.safetensors"))
-    return (meta.get("recipe") == builtin_recipe(meta.get("seed", 0)) and bool(weights)
+    return (meta.get("recipe") == recipe(meta.get("seed", 0)) and bool(weights)
             and all(safetensors_intact(w) for w in weights))
 
 

@@ -16,7 +16,6 @@ expression over a random subset (2 or more) of the given numbers, usually of ano
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import string
@@ -29,8 +28,8 @@ from oblr.models.builtin import (
     METADATA_FILE,
     _stderr_progress,
     build_record,
+    is_complete_build,
     measure_accuracy,
-    safetensors_intact,
     save_build,
     sft_train,
 )
@@ -91,16 +90,7 @@ def spec_of(name: str) -> TaskModelSpec | None:
 
 def is_current(path: str | os.PathLike, spec: TaskModelSpec) -> bool:
     """A complete build of ``spec``'s current recipe with intact weights is at ``path``."""
-    meta_path = Path(path) / METADATA_FILE
-    if not meta_path.is_file() or not (Path(path) / "config.json").is_file():
-        return False
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
-        return False
-    weights = sorted(Path(path).glob("*.safetensors"))
-    return (meta.get("recipe") == spec.recipe(meta.get("seed", 0)) and bool(weights)
-            and all(safetensors_intact(w) for w in weights))
+    return is_complete_build(path, spec.recipe)
 
 
 def _config(spec: TaskModelSpec):
