@@ -3,7 +3,8 @@
 :class:`Range` says where a number must lie (and that it is finite and fits a float32); :func:`option_problems`
 and :func:`check_options` check a dict of options against the signature of a registered entry (an
 estimator, schedule, engine, task, parallel strategy, plugin): option names, simple types, ``Literal``
-choices and ``Annotated[..., Range(...)]`` ranges; :func:`check_flags` checks numeric command-line flags.
+choices and ``Annotated[..., Range(...)]`` ranges; :func:`check_flags` checks numeric command-line flags; :func:`check_writable` finds a read-only or misplaced
+output folder or cache before any model loads.
 Problems are :class:`ConfigError` lines that name the key. The config schema that uses them is
 :mod:`oblr.config`; this module imports nothing of oblr's but the registry's types, and no torch.
 """
@@ -13,9 +14,11 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -221,3 +224,21 @@ def _num(x: float) -> str:
 
 COUNT = Range(ge=1, le=INT_MAX)  # a positive count
 COUNT0 = Range(ge=0, le=INT_MAX)  # a count where 0 means "none" or "off"
+
+
+def check_writable(folder: Path, what: str, *, hint: str = "") -> None:
+    """Raise :class:`ConfigError` (one line) unless ``folder`` is, or can be made, a writable folder: a file
+    where a folder (or one of its parents) should be, or a read-only or full file system, is named. Creates
+    the folder; writes and removes one probe file."""
+    folder = Path(folder)
+    for parent in (folder, *folder.parents):
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"{what} {folder}: {parent} is a file, not a folder{hint and '; ' + hint}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".oblr-write-test-{os.getpid()}"
+        with open(probe, "w") as f:
+            f.write("x")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{what} {folder} is not writable: {e.strerror or e}{hint and '; ' + hint}") from None

@@ -4,7 +4,7 @@ Every path that updates a model (the trainer, the data-parallel step, the framew
 exact-norm engine and its loop reference) takes the parameters to train from :func:`trainable_params`,
 so they all reduce, clip, measure and checkpoint the same list in the same order. :func:`grad_sq_norm`
 is ``||.grad||^2`` in one process; data-parallel and sharded gradients are measured over every rank by
-:func:`oblr.distributed.collectives.grad_sq_norm` (float64).
+:func:`oblr.distributed.collectives.grad_sq_norm` (float64); both sum with :func:`sq_norm_sum`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,35 @@ def trainable_params(model) -> list:
 
 def grad_sq_norm(model):
     """``sum_p ||p.grad||^2`` over the trainable parameters (float32, 0-d; no host sync)."""
+    params = trainable_params(model)
+    return sq_norm_sum([p.grad for p in params if p.grad is not None], device=params[0].device if params else None)
+
+
+def sq_norm_sum(tensors, *, dtype=None, device=None):
+    """``sum_t ||t||^2``: a 0-d tensor of ``dtype`` on ``device``, summed over ``tensors`` in order from 0.
+
+    float32 (``dtype=None``, the default): each ``t.float().pow(2).sum()``, one process's ``||.grad||^2`` (:func:`grad_sq_norm`).
+    float64: each tensor's sum of squares in float64, converting ``2**22`` elements at a time (no float64 copy
+    of a whole tensor), for :func:`oblr.distributed.collectives.grad_sq_norm`, whose S is a difference of nearly
+    equal numbers. (The two per-tensor sums are kept as they are: either one in the other's place changes the
+    last bits of the result.)
+    """
     import torch
 
-    params = trainable_params(model)
-    device = params[0].device if params else None
-    return sum((p.grad.float().pow(2).sum() for p in params if p.grad is not None),
-               torch.zeros((), device=device))
+    if dtype not in (None, torch.float32, torch.float64):
+        raise ValueError(f"sq_norm_sum: dtype must be torch.float32 or torch.float64, got {dtype}")
+    total = torch.zeros((), dtype=dtype, device=device)  # None: torch's default dtype (float32), as before
+    for t in tensors:
+        total = total + (_sq_sum64(t) if dtype == torch.float64 else t.float().pow(2).sum())
+    return total
+
+
+def _sq_sum64(t, chunk: int = 1 << 22):
+    """``sum(t**2)`` in float64, converting ``chunk`` elements at a time."""
+    import torch
+
+    flat = t.detach().reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=t.device)
+    for c in flat.split(chunk):
+        total = total + torch.linalg.vector_norm(c, dtype=torch.float64).square()
+    return total

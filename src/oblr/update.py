@@ -55,6 +55,7 @@ from oblr.gradnorm import length_weights, logit_energy_weights, make_book
 from oblr.logprobs import forward_logits, response_token_logprobs, sequence_logprobs, token_entropy
 from oblr.losses import BatchTotals, policy_loss, sequence_kl, sequence_scale
 from oblr.params import grad_sq_norm, trainable_params  # noqa: F401 (re-exported: the core's API)
+from oblr.registry import Registry
 from oblr.snr import SNRStats, snr_statistics
 
 
@@ -104,14 +105,14 @@ class UpdateResult:
     estimate: Estimate | None = None          # the estimator's output [N, G] behind the estimator metrics
 
 
-# per-output weights w_i by the source an estimator declares (``get_estimator(name).weights``):
-# f(book, logits, input_ids, response_mask, seq_scale) -> [b]
-WEIGHT_SOURCES = {
-    # squared norm of the per-sequence gradient the chosen aggregation produces: c_i^2 ||s_i||^2
-    "exact": lambda book, logits, ids, rm, c: book.sq_norms() * c.pow(2),
-    "logit_energy": lambda book, logits, ids, rm, c: logit_energy_weights(logits.detach(), ids, rm),
-    "length": lambda book, logits, ids, rm, c: length_weights(rm),
-}
+# per-output weights w_i by the source an estimator declares (``get_estimator(name).weights``, one of
+# oblr.estimators.WEIGHT_KINDS): f(book, logits, input_ids, response_mask, seq_scale) -> [b]
+WEIGHT_SOURCES = Registry("weight source")
+# squared norm of the per-sequence gradient the chosen aggregation produces: c_i^2 ||s_i||^2
+WEIGHT_SOURCES.register("exact", lambda book, logits, ids, rm, c: book.sq_norms() * c.pow(2))
+WEIGHT_SOURCES.register("logit_energy",
+                        lambda book, logits, ids, rm, c: logit_energy_weights(logits.detach(), ids, rm))
+WEIGHT_SOURCES.register("length", lambda book, logits, ids, rm, c: length_weights(rm))
 
 
 def micro_batches(n_prompts: int, group_size: int, groups_per_mb: int):
@@ -207,7 +208,7 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
 
         weights = None
         if source is not None:
-            weights = WEIGHT_SOURCES[source](book, logits, ids[rows], rm_mb, c_mb).view(k1 - k0, G)
+            weights = WEIGHT_SOURCES.get(source)(book, logits, ids[rows], rm_mb, c_mb).view(k1 - k0, G)
         est = estimate(settings.baseline, r_mb, weights=weights, lengths=lengths[k0:k1],
                        **settings.baseline_options)
         parts.append(est)

@@ -284,3 +284,15 @@ def test_entropy_is_that_of_the_sampling_distribution(setup):
         assert float(res.metrics["train/entropy"]) == pytest.approx(want, rel=1e-5)
         plain, _ = _run(model, batch, rewards, baseline="grpo", temperature=t, need_snr=False)
         assert float(plain.metrics["train/entropy"]) == pytest.approx(want, rel=1e-5)
+
+
+def test_weight_sources_are_a_registry_of_the_kinds_estimators_declare():
+    """Every weight kind an estimator may declare has a source, and an unknown one is one line listing them."""
+    from oblr.estimators import WEIGHT_KINDS
+    from oblr.registry import Registry, UnknownNameError
+    from oblr.update import WEIGHT_SOURCES
+
+    assert isinstance(WEIGHT_SOURCES, Registry)
+    assert WEIGHT_SOURCES.names() == sorted(k for k in WEIGHT_KINDS if k is not None)
+    with pytest.raises(UnknownNameError, match="unknown weight source 'norms'; registered: exact, length, logit_energy"):
+        WEIGHT_SOURCES.get("norms")

@@ -214,3 +214,26 @@ def test_activation_checkpointing_is_enabled_non_reentrant_or_refused_in_one_lin
     assert model.model.layers[0]._gradient_checkpointing_func.keywords == {"use_reentrant": False}
     with pytest.raises(ConfigError, match=r"^config key 'model.activation_checkpointing': ToyLM does not support"):
         enable_activation_checkpointing(ToyLM())
+
+
+def test_ensure_builtin_built_checks_the_cache_and_waits_for_local_rank_0(tmp_path, monkeypatch):
+    """Before a run: nothing for a model that is not built-in; one line for a cache that cannot be written;
+    under torchrun a rank other than local rank 0 waits for the build and, past its time limit, says which
+    rank waited for what, where."""
+    from oblr.config import ConfigError
+    from oblr.models import BUILTIN_DIRNAME, ensure_builtin_built
+
+    f = tmp_path / "file"
+    f.write_text("x")
+    monkeypatch.setenv("OBLR_CACHE_DIR", str(f))
+    ensure_builtin_built(str(tmp_path / "some-hf-folder"), distributed=False, local_rank=0, rank=0, timeout_s=1)
+    for name in ("builtin", "builtin:tiny-countdown"):
+        with pytest.raises(ConfigError, match="cache folder .* is a file, not a folder; set OBLR_CACHE_DIR"):
+            ensure_builtin_built(name, distributed=False, local_rank=0, rank=0, timeout_s=1)
+    monkeypatch.setenv("OBLR_CACHE_DIR", str(tmp_path / "cache"))
+    ensure_builtin_built("builtin", distributed=False, local_rank=0, rank=0, timeout_s=1)  # built when it loads
+    assert not (tmp_path / "cache" / "models" / BUILTIN_DIRNAME).exists()
+    for name, what in (("builtin", "the built-in model"), ("builtin:tiny-countdown", "builtin:tiny-countdown")):
+        with pytest.raises(TimeoutError, match=f"rank 3 waited 0 s .* to build {what} into {tmp_path}/cache/models/"):
+            ensure_builtin_built(name, distributed=True, local_rank=1, rank=3, timeout_s=0)
+

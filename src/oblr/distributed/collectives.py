@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from oblr.losses import BatchTotals
+from oblr.params import sq_norm_sum
 
 from .env import is_distributed
 from .parallel import DEFAULT_BUCKET_MB
@@ -159,15 +160,6 @@ def _is_sharded(t: torch.Tensor) -> bool:
     return isinstance(t, DTensor) and any(pl.is_shard() for pl in t.placements)
 
 
-def _sq_sum64(t: torch.Tensor, chunk: int = 1 << 22) -> torch.Tensor:
-    """``sum(t**2)`` in float64, converting ``chunk`` elements at a time."""
-    flat = t.detach().reshape(-1)
-    total = torch.zeros((), dtype=torch.float64, device=t.device)
-    for c in flat.split(chunk):
-        total = total + torch.linalg.vector_norm(c, dtype=torch.float64).square()
-    return total
-
-
 def grad_sq_norm(params) -> torch.Tensor:
     """``sum_p ||p.grad||^2`` over the whole model: a float64 0-d tensor, the same on every rank.
 
@@ -177,20 +169,14 @@ def grad_sq_norm(params) -> torch.Tensor:
     gradients (replicated, already reduced) count once; sharded DTensor gradients (FSDP2) contribute
     their local shards, summed over the shards' process group (one all-reduce).
     """
-    params = [p for p in params if p.grad is not None]
-    if not params:
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
         return torch.zeros((), dtype=torch.float64)
-    dev = (params[0].grad.to_local() if isinstance(params[0].grad, DTensor) else params[0].grad).device
-    plain = torch.zeros((), dtype=torch.float64, device=dev)
-    sharded = torch.zeros((), dtype=torch.float64, device=dev)
-    shard_group = None
-    for p in params:
-        g = p.grad
-        if _is_sharded(g):
-            sharded = sharded + _sq_sum64(g.to_local())
-            shard_group = g.device_mesh.get_group()
-        else:
-            plain = plain + _sq_sum64(g.to_local() if isinstance(g, DTensor) else g)
-    if shard_group is not None:
-        dist.all_reduce(sharded, op=dist.ReduceOp.SUM, group=shard_group)
+    dev = (grads[0].to_local() if isinstance(grads[0], DTensor) else grads[0]).device
+    shards = [g for g in grads if _is_sharded(g)]
+    plain = sq_norm_sum([g.to_local() if isinstance(g, DTensor) else g for g in grads if not _is_sharded(g)],
+                        dtype=torch.float64, device=dev)
+    sharded = sq_norm_sum([g.to_local() for g in shards], dtype=torch.float64, device=dev)
+    if shards:
+        dist.all_reduce(sharded, op=dist.ReduceOp.SUM, group=shards[-1].device_mesh.get_group())
     return plain + sharded

@@ -184,6 +184,71 @@ def _resolve_task_model(spec, *, build: bool, progress) -> Path:
     return path
 
 
+def ensure_builtin_built(name: str, *, distributed: bool, local_rank: int, rank: int, timeout_s: float) -> None:
+    """Before a run's work starts: a built-in model (``name``, plain or a task's) that must still be built needs
+    a writable cache folder. Under torchrun, local rank 0 builds it and the node's other ranks wait for the
+    finished build (ranks that built at once raced in the cache folder: one read it while another replaced it);
+    a rank that waits longer than ``timeout_s`` raises ``TimeoutError``. In one process it is built when it loads."""
+    import time
+
+    from oblr.checks import check_writable
+    from oblr.models.builtin import is_current_build
+    from oblr.models.task_builtins import is_current, spec_of
+
+    spec = spec_of(name)
+    if spec is not None:
+        path, what = task_model_dir(spec), name
+        ready = lambda: is_current(path, spec)  # noqa: E731
+    elif is_builtin(name):
+        path, what = builtin_model_dir(), "the built-in model"
+        ready = lambda: is_current_build(path)  # noqa: E731
+    else:
+        return
+    if ready():
+        return
+    check_writable(path.parent, "the built-in model must be built, but its cache folder",
+                   hint="set OBLR_CACHE_DIR to a writable folder")
+    if not distributed:
+        return
+    if local_rank == 0:
+        resolve_model_path(name)
+        return
+    deadline = time.monotonic() + timeout_s  # torchrun stops this rank if rank 0 fails
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank} waited {timeout_s:.0f} s (distributed.timeout_s) for local rank 0 to "
+                               f"build {what} into {path}")
+        time.sleep(1.0)
+
+
+def place_for_training(model, cfg, parallel):
+    """``(policy, reference)``: ``model`` with activation checkpointing when ``model.activation_checkpointing``
+    and LoRA adapters when ``model.lora_rank > 0``, placed by the parallel
+    strategy (ddp: rank 0's weights on every rank; fsdp: shards), and, when ``algorithm.kl_coef > 0``, a frozen
+    copy of its initial weights placed like it (else None)."""
+    import copy
+
+    m = cfg.model
+    if m.activation_checkpointing:  # a model that cannot checkpoint is refused here, before any step
+        enable_activation_checkpointing(model)
+    if m.lora_rank > 0:
+        model = wrap_lora(model, rank=m.lora_rank, alpha=m.lora_alpha, targets=m.lora_targets)
+    ref = None
+    if cfg.algorithm.kl_coef > 0:
+        ref = parallel.prepare(copy.deepcopy(model).eval().requires_grad_(False))
+    return parallel.prepare(model), ref
+
+
+def quiet_hf_progress() -> None:
+    """Turn off the progress bar transformers 5 prints for every save and load of a (tiny) checkpoint."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+
+
 def load_model_and_tokenizer(name_or_path: str | os.PathLike, *, dtype: str = "float32", device: str = "cpu",
                              trust_remote_code: bool = False, progress=None):
     """``(model, tokenizer)`` from a local directory, a hub id, or ``"builtin"``.

@@ -66,6 +66,13 @@ def safetensors_intact(path: str | os.PathLike) -> bool:
 def is_current_build(path: str | os.PathLike) -> bool:
     """True when ``path`` holds a complete build (metadata written) of the current default recipe whose
     weights file is intact (a truncated cache is rebuilt)."""
+    return is_complete_build(path, builtin_recipe)
+
+
+def is_complete_build(path: str | os.PathLike, recipe) -> bool:
+    """True when ``path`` holds a complete build (metadata written last, a config, intact safetensors weights)
+    whose recorded recipe is ``recipe(seed)``, the current one for its seed: the cache check of every
+    built-in model (:func:`is_current_build`, :func:`oblr.models.task_builtins.is_current`)."""
     meta_path = Path(path) / METADATA_FILE
     if not meta_path.is_file() or not (Path(path) / "config.json").is_file():
         return False
@@ -74,7 +81,7 @@ def is_current_build(path: str | os.PathLike) -> bool:
     except (OSError, ValueError):
         return False
     weights = sorted(Path(path).glob("*.safetensors"))
-    return (meta.get("recipe") == builtin_recipe(meta.get("seed", 0)) and bool(weights)
+    return (meta.get("recipe") == recipe(meta.get("seed", 0)) and bool(weights)
             and all(safetensors_intact(w) for w in weights))
 
 
@@ -235,15 +242,29 @@ def _build(out_dir, *, seed, sft_steps, batch_size, lr, digit_noise, n_train, n_
     say("measuring the accuracy of the built-in model")
     acc_sampled = measure_accuracy(model, tokenizer, task, task.eval, greedy=False, seed=seed)
     acc_greedy = measure_accuracy(model, tokenizer, task, task.eval, greedy=True)
-    import tokenizers
-    import transformers
-
     meta = {
         "name": "builtin:tiny-arith", "version": BUILTIN_VERSION, "seed": seed,
         "recipe": builtin_recipe(seed) if (steps, bs, peak, noise, n_train) == (
             SFT_DEFAULTS["sft_steps"], SFT_DEFAULTS["batch_size"], SFT_DEFAULTS["lr"],
             SFT_DEFAULTS["digit_noise"], N_TRAIN) else None, "sft_steps": steps,
         "batch_size": bs, "lr": peak, "digit_noise": noise, "task": {"name": "arithmetic", "seed": seed, **BUILTIN_TASK},
+        **build_record(model, losses, n_measure, acc_sampled, acc_greedy, t_sft),
+    }
+    save_build(model, tokenizer, meta, out, overwrite=overwrite, t0=t0)
+    say(f"built-in model ready in {meta['build_seconds']:.0f}s: sampled accuracy {acc_sampled:.1%}, "
+        f"greedy {acc_greedy:.1%} on {n_measure} held-out problems")
+    return out
+
+
+def build_record(model, losses: list[float], n_measure: int, acc_sampled: float, acc_greedy: float,
+                 t_sft: float) -> dict:
+    """The part of a built-in model's metadata every build records: its SFT losses, measured accuracy, size,
+    timing (``build_seconds`` is set by :func:`save_build`) and library versions."""
+    import tokenizers
+    import torch
+    import transformers
+
+    return {
         "final_sft_loss": losses[-1] if losses else None,
         "sft_loss_every_50": [round(x, 4) for x in losses[49::50]], "n_measure": n_measure,
         "accuracy_sampled_t1": acc_sampled, "accuracy_greedy": acc_greedy,
@@ -252,6 +273,11 @@ def _build(out_dir, *, seed, sft_steps, batch_size, lr, digit_noise, n_train, n_
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "tokenizers": tokenizers.__version__},
     }
+
+
+def save_build(model, tokenizer, meta: dict, out: Path, *, overwrite: bool, t0: float) -> None:
+    """Write a built model, its tokenizer and ``meta`` (last: its presence marks a complete build) into a
+    temporary folder beside ``out`` and rename it to ``out`` (:func:`_publish`); ``t0``: when the build began."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:
@@ -265,9 +291,6 @@ def _build(out_dir, *, seed, sft_steps, batch_size, lr, digit_noise, n_train, n_
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    say(f"built-in model ready in {meta['build_seconds']:.0f}s: sampled accuracy {acc_sampled:.1%}, "
-        f"greedy {acc_greedy:.1%} on {n_measure} held-out problems")
-    return out
 
 
 def _publish(tmp: Path, out: Path, *, overwrite: bool) -> None:

@@ -16,24 +16,21 @@ expression over a random subset (2 or more) of the given numbers, usually of ano
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import shutil
 import string
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from oblr.disk_errors import writes_as_os_errors
 from oblr.models.builtin import (
     METADATA_FILE,
-    _publish,
     _stderr_progress,
+    build_record,
+    is_complete_build,
     measure_accuracy,
-    safetensors_intact,
+    save_build,
     sft_train,
 )
 
@@ -93,16 +90,7 @@ def spec_of(name: str) -> TaskModelSpec | None:
 
 def is_current(path: str | os.PathLike, spec: TaskModelSpec) -> bool:
     """A complete build of ``spec``'s current recipe with intact weights is at ``path``."""
-    meta_path = Path(path) / METADATA_FILE
-    if not meta_path.is_file() or not (Path(path) / "config.json").is_file():
-        return False
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
-        return False
-    weights = sorted(Path(path).glob("*.safetensors"))
-    return (meta.get("recipe") == spec.recipe(meta.get("seed", 0)) and bool(weights)
-            and all(safetensors_intact(w) for w in weights))
+    return is_complete_build(path, spec.recipe)
 
 
 def _config(spec: TaskModelSpec):
@@ -206,34 +194,13 @@ def _build(spec: TaskModelSpec, out: Path, seed: int, sft_steps, n_measure, say,
     kw = {"max_new_tokens": spec.max_new_tokens}
     acc_sampled = measure_accuracy(model, tokenizer, task, task.eval, greedy=False, seed=seed, **kw)
     acc_greedy = measure_accuracy(model, tokenizer, task, task.eval, greedy=True, **kw)
-    import tokenizers
-    import transformers
-
     default = sft_steps is None and n_measure is None
     meta = {
         "name": spec.name, "version": VERSION, "seed": seed, "recipe": spec.recipe(seed) if default else None,
         "sft_steps": steps, "task": {"name": spec.task, "seed": seed, **spec.task_options},
-        "final_sft_loss": losses[-1] if losses else None,
-        "sft_loss_every_50": [round(x, 4) for x in losses[49::50]], "n_measure": n_meas,
-        "accuracy_sampled_t1": acc_sampled, "accuracy_greedy": acc_greedy,
-        "parameters": sum(p.numel() for p in model.parameters()), "build_seconds": None,
-        "sft_seconds": round(t_sft, 1), "torch_threads": torch.get_num_threads(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "tokenizers": tokenizers.__version__},
+        **build_record(model, losses, n_meas, acc_sampled, acc_greedy, t_sft),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
-    try:
-        with writes_as_os_errors():
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-        meta["build_seconds"] = round(time.time() - t0, 1)
-        with open(tmp / METADATA_FILE, "w") as f:  # written last: its presence marks a complete build
-            json.dump(meta, f, indent=2)
-        _publish(tmp, out, overwrite=overwrite)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    save_build(model, tokenizer, meta, out, overwrite=overwrite, t0=t0)
     say(f"built-in {spec.task} model ready in {meta['build_seconds']:.0f}s: sampled accuracy {acc_sampled:.1%}, "
         f"greedy {acc_greedy:.1%} on {n_meas} held-out problems")
     return out

@@ -74,6 +74,19 @@ class RewardFailures:
         self.count = 0
 
 
+def step_prompt_indices(seed: int, step: int, n_train: int, n: int) -> list[int]:
+    """The ``n`` training prompts of ``step`` (indices into a task's ``train``): an epoch-wise shuffle of the
+    ``n_train`` prompts that depends only on (seed, step), so a resumed run draws what the straight run drew."""
+    import torch
+
+    out = []
+    for pos in range(step * n, (step + 1) * n):
+        epoch, i = divmod(pos, n_train)
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        out.append(int(torch.randperm(n_train, generator=g)[i]))
+    return out
+
+
 def safe_reward(task: Task, response: str, example: Example, failures: RewardFailures | None = None) -> float:
     """``task.reward`` that never raises: an exception or a non-finite value gives 0 and a counted warning."""
     try:

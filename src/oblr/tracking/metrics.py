@@ -190,6 +190,16 @@ def read_metrics(path_or_run_dir: str | os.PathLike, *, raw: bool = False) -> li
 
 
 # ------------------------------------------------------------------------------------------- logging
+class NullLogger:
+    """What ranks other than 0 log to: nothing."""
+
+    def log(self, step, metrics) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class MetricsLogger:
     """Append-only metric sink for one run folder.
 

@@ -223,6 +223,23 @@ def latest_checkpoint(run_dir: str | Path, *, deep: bool = False, warn=None, bef
     return None
 
 
+def restore_state(path: Path, parallel, model, optimizer, lr_controller, dist, warn) -> dict:
+    """Load the checkpoint at ``path`` into ``model``, ``optimizer`` (the strategy's ``load_state``; fsdp: every
+    rank its shards) and ``lr_controller``, and set this rank's RNG state from it; returns the trainer state
+    (``step``, ``history``). ``warn`` says when the checkpoint was written by another number of processes."""
+    state = load_trainer_state(path)
+    parallel.load_state(path, model, optimizer, state)
+    saved_world = state.get("world_size", 1)
+    if saved_world != dist.world_size:
+        warn(f"warning: checkpoint {path} was written by {saved_world} process(es), this run has "
+             f"{dist.world_size}: it continues, but not on the trajectory of the run that wrote it "
+             "(the ranks' sampling streams differ)")
+    lr_controller.load_state_dict(state["lr_controller"])
+    ranks = state.get("rng_ranks")  # every rank's sampling state (a distributed run's checkpoint)
+    set_rng_state(ranks[dist.rank] if ranks and len(ranks) == dist.world_size else state["rng"])
+    return state
+
+
 def load_trainer_state(ckpt: Path) -> dict:
     import torch
 

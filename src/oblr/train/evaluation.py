@@ -1,7 +1,7 @@
 """Held-out evaluation of the policy being trained: sampled and greedy answers, scored by the task's reward.
 
 :func:`heldout_eval` is the one function every trainer uses for it: ``oblr train`` calls it on each rank's
-share of the held-out problems and gathers the rows (``Trainer.evaluate``); the TRL integration's
+share of the held-out problems and gathers the rows (:func:`evaluate_on_ranks`); the TRL integration's
 :func:`oblr.integrations.trl.tasks.heldout_accuracy` calls it in one process. Sampling uses the run's
 temperature and top-p with a fixed seed (a private generator: the training RNG is untouched), so two
 evaluations of the same weights give the same numbers. Benchmark evaluation of a finished model (pass@k,
@@ -11,6 +11,7 @@ maj@k, the math graders) is ``oblr eval``, :mod:`oblr.evaluate`.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,3 +74,31 @@ def write_samples(run_dir: Path, step: int, rows: list[dict]) -> None:
     with open(samples / f"eval_step_{step:06d}.jsonl", "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
+
+
+def evaluate_on_ranks(engine, parallel, model, examples: list, score, cfg, dist, run_dir, step: int) -> dict:
+    """``oblr train``'s held-out metrics after ``step``: each rank evaluates its share of ``examples`` (sampled
+    at the rollout temperature with a fixed per-rank seed, and greedy), the rows are gathered, rank 0 writes
+    ``samples/``. The training RNG is left as it was."""
+    from oblr.distributed import all_gather_objects, rank_seed, split_evenly
+    from oblr.train.checkpoint import rng_state, set_rng_state
+
+    t0 = time.perf_counter()
+    rng = rng_state()
+    model.eval()
+    exs = examples[split_evenly(len(examples), dist.world_size, dist.rank)]  # this rank's share
+    with parallel.generation(model):  # ranks' shares differ in size: no collective inside
+        h = heldout_eval(engine, exs, score, samples=cfg.train.eval_samples, max_new_tokens=cfg.rollout.max_new_tokens,
+                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                         seed=rank_seed(cfg.train.seed + 12345, dist.rank), greedy=cfg.train.eval_greedy)
+    gathered = all_gather_objects(list(zip(h.scores, h.lengths)))
+    out = {"eval/accuracy_sampled": sum(s for s, _ in gathered) / len(gathered),
+           "eval/response_length_mean": sum(n for _, n in gathered) / len(gathered)}
+    rows = all_gather_objects(sample_rows(h))
+    if cfg.train.eval_greedy:
+        out["eval/accuracy_greedy"] = sum(r["reward"] for r in rows) / len(rows)
+    set_rng_state(rng)
+    if dist.is_main:
+        write_samples(run_dir, step, rows)
+    out["time/eval"] = time.perf_counter() - t0
+    return out

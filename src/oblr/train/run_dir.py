@@ -9,8 +9,9 @@ config; the experiment grid uses it too (:func:`oblr.experiments.grid.decide`).
 
 A run folder belongs to one process at a time: :func:`lock_run_dir` takes an OS lock (``flock``) on
 ``.oblr.lock`` inside it for the whole run; the kernel releases it when the process ends, however it ends,
-so a killed run never leaves a stale lock. :func:`check_writable` finds a read-only or misplaced output
-folder (or cache) before any model loads.
+so a killed run never leaves a stale lock (:func:`oblr.checks.check_writable` checks it is writable first).
+:func:`prepare_run_dir` is what the process holding the lock does first; :func:`resume_point` picks the
+checkpoint a resumed run starts from.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from oblr.config import Config, ConfigError, config_from_dict, read_config_file
-from oblr.train.checkpoint import latest_checkpoint
+from oblr.checks import check_writable
+from oblr.config import Config, ConfigError, config_from_dict, read_config_file, save_config
+from oblr.train.checkpoint import checkpoint_step, latest_checkpoint, remove_orphans
+from oblr.train.errors import TrainingError
 
 LOCK_FILE = ".oblr.lock"
 
@@ -59,24 +62,6 @@ def default_run_dir(cfg: Config) -> Path:
     """``runs/<time>-<baseline>-<schedule>``."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{stamp}-{cfg.algorithm.baseline}-{cfg.algorithm.lr_schedule}"
-
-
-def check_writable(folder: Path, what: str, *, hint: str = "") -> None:
-    """Raise :class:`ConfigError` (one line) unless ``folder`` is, or can be made, a writable folder: a file
-    where a folder (or one of its parents) should be, or a read-only or full file system, is named. Creates
-    the folder; writes and removes one probe file."""
-    folder = Path(folder)
-    for parent in (folder, *folder.parents):
-        if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"{what} {folder}: {parent} is a file, not a folder{hint and '; ' + hint}")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".oblr-write-test-{os.getpid()}"
-        with open(probe, "w") as f:
-            f.write("x")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"{what} {folder} is not writable: {e.strerror or e}{hint and '; ' + hint}") from None
 
 
 def lock_run_dir(run_dir: Path):
@@ -167,3 +152,63 @@ def resolve_run_dir(cfg: Config, *, resume: bool, or_start: bool = False) -> Pat
             raise ConfigError("cannot resume with a different configuration; changed keys: "
                               + ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in changed.items()))
     return run_dir
+
+
+def prepare_run_dir(cfg: Config, run_dir: Path, *, resume: bool, or_start: bool, warn) -> None:
+    """What the process that holds ``run_dir``'s lock does first: check the folder again (now that no other
+    run can take it) and remove unfinished checkpoint folders a crash left (``warn`` says which)."""
+    if cfg.train.output_dir:
+        resolve_run_dir(cfg, resume=resume, or_start=or_start)
+    removed = remove_orphans(run_dir)
+    if removed:
+        warn(f"removed {len(removed)} unfinished checkpoint folder(s) left by a crash: {', '.join(removed)}")
+
+
+def record_run(run_dir: Path, cfg: Config, start_step: int, *, config: bool) -> None:
+    """Write the run's ``config.yaml`` (with ``config``: a run that starts, not one resumed) and which code makes
+    this segment of the run (:data:`oblr.provenance.CODE_FILE`, from ``start_step``)."""
+    from oblr.provenance import CODE_FILE, code_record
+    from oblr.train.checkpoint import write_text_atomic
+
+    if config:
+        save_config(cfg, run_dir / "config.yaml")
+    write_text_atomic(run_dir / CODE_FILE, code_record(run_dir, start_step))
+
+
+def start_over(run_dir: Path, *, or_start: bool, main: bool) -> None:
+    """``--resume`` found no intact checkpoint: refused, or with ``--resume-or-start`` the rows of the attempt
+    that saved nothing are kept aside (``metrics.jsonl.restarted``) and the run starts from step 0."""
+    if not or_start:
+        raise ConfigError(f"--resume: no intact checkpoint in {run_dir} (see the warnings above), so "
+                          f"there is nothing to resume; --resume-or-start would start from step 0")
+    metrics = run_dir / "metrics.jsonl"
+    if main and metrics.is_file():
+        metrics.replace(run_dir / "metrics.jsonl.restarted")
+
+
+def resume_point(run_dir: Path, warn) -> Path | None:
+    """The checkpoint to resume from (rank 0). A damaged last record of metrics.jsonl (a crash or a full
+    disk mid-write) is kept aside in ``metrics.jsonl.damaged`` and reported; when its step is at or before
+    the newest checkpoint, the run resumes from an earlier checkpoint so that the step is re-run and its
+    record rebuilt, or, with none, it is refused (the record could not be rebuilt)."""
+    from oblr.tracking.metrics import METRICS_FILE, set_aside_damaged_tail
+
+    damaged = set_aside_damaged_tail(run_dir / METRICS_FILE)
+    path = latest_checkpoint(run_dir, deep=True, warn=warn)
+    if damaged is None:
+        return path
+    step, text = damaged
+    where = run_dir / (METRICS_FILE + ".damaged")
+    if path is None or step is None or step > checkpoint_step(path):
+        warn(f"warning: the last record of {run_dir / METRICS_FILE} was damaged (step "
+             f"{'?' if step is None else step}, {len(text)} bytes); kept aside in {where}; that step is "
+             f"re-run from the checkpoint")
+        return path
+    earlier = latest_checkpoint(run_dir, deep=True, warn=warn, before=step)
+    if earlier is None:
+        raise TrainingError(f"the record of step {step} in {run_dir / METRICS_FILE} is damaged (kept "
+                            f"aside in {where}) and no checkpoint before step {step} exists to re-run it; "
+                            f"resuming would leave metrics.jsonl without that step")
+    warn(f"warning: the record of step {step} in {run_dir / METRICS_FILE} was damaged; kept aside in "
+         f"{where}; resuming from {earlier} so that step {step} is re-run and its record rebuilt")
+    return earlier
