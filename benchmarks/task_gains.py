@@ -12,7 +12,9 @@ training wall time. Whether the task's built-in model was built during the comma
 outdated cache) is recorded with its build time and build-time accuracy (``oblr_builtin.json``). The load
 average before and after each run and the CPU count are recorded too: the machine may be shared.
 
-Writes ``<out>/task_gains.json`` and ``<out>/task_gains.md`` (a table); prints the table.
+Writes ``<out>/task_gains.json`` and ``<out>/task_gains.md`` (a table); prints the table. Rows of tasks not
+run this time are kept from an existing ``task_gains.json`` (``--tasks word_problems`` leaves the countdown row
+as it was measured); a task run again replaces its own row.
 """
 
 from __future__ import annotations
@@ -78,6 +80,28 @@ def run_task(task: str, runs: Path, env: dict) -> dict:
     }
 
 
+def previous_rows(path: Path) -> list[dict]:
+    """The rows of an earlier ``task_gains.json`` (none if there is no such file); a broken one is one line."""
+    if not path.is_file():
+        return []
+    try:
+        rows = json.loads(path.read_text())
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and "task" in r for r in rows):
+            raise ValueError("not a list of rows with a 'task'")
+    except ValueError as e:
+        raise SystemExit(f"task_gains: cannot keep the earlier rows of {path}: {e}; move it away") from None
+    return rows
+
+
+def merge(rows: list[dict], row: dict) -> list[dict]:
+    """``rows`` with ``row`` in place of the row of the same task (or appended), in task order."""
+    from oblr.models.task_builtins import TASK_MODELS
+
+    order = list(TASK_MODELS)
+    kept = [r for r in rows if r["task"] != row["task"]] + [row]
+    return sorted(kept, key=lambda r: order.index(r["task"]) if r["task"] in order else len(order))
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| command | sampled acc. step 0 -> end | gain (points) | greedy | training s | command s "
              "(build incl.) | model built in it | load avg 1m before/after |",
@@ -111,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["OBLR_CACHE_DIR"] = env["OBLR_CACHE_DIR"]  # task_model_dir() here must see the same cache
     args.runs.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows = previous_rows(args.out / "task_gains.json")
     for task in args.tasks:  # the summary is rewritten after each task, so a stopped benchmark keeps its rows
-        rows.append(run_task(task, args.runs, env))
+        rows = merge(rows, run_task(task, args.runs, env))
         (args.out / "task_gains.json").write_text(json.dumps(rows, indent=2) + "\n")
         (args.out / "task_gains.md").write_text(markdown(rows))
     print(markdown(rows), end="")

@@ -67,3 +67,26 @@ def test_unknown_task_is_one_line(capsys):
     with pytest.raises(SystemExit):
         task_gains.main(["--tasks", "arithmetic"])
     assert "no built-in model for arithmetic" in capsys.readouterr().err
+
+
+def test_rows_of_tasks_not_run_are_kept(tmp_path, monkeypatch):
+    """``--tasks word_problems`` keeps the countdown row of an earlier task_gains.json as it was, replaces the
+    word_problems row, and keeps the task order; a broken earlier file is refused in one line before any run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    old_countdown = {"task": "countdown", "gain_points": 10.25, "marker": "measured earlier"}
+    old_words = {"task": "word_problems", "gain_points": 0.4}
+    (out / "task_gains.json").write_text(json.dumps([old_words, old_countdown]))
+    run, calls = _fake_train({"word_problems": [(0, 0.3, 0.6), (200, 0.42, 0.6)]})
+    monkeypatch.setattr(task_gains.subprocess, "run", run)
+    monkeypatch.setattr(task_gains, "markdown", lambda rows: "")  # the old rows lack the table's fields
+    monkeypatch.delenv("OBLR_CACHE_DIR", raising=False)
+    assert task_gains.main(["--runs", str(tmp_path / "runs"), "--out", str(out), "--tasks", "word_problems",
+                            "--cache-dir", str(tmp_path / "cache")]) == 0
+    rows = json.loads((out / "task_gains.json").read_text())
+    assert [r["task"] for r in rows] == ["countdown", "word_problems"]
+    assert rows[0] == old_countdown and rows[1]["gain_points"] == 12.0 and len(calls) == 1
+    (out / "task_gains.json").write_text("{broken")
+    with pytest.raises(SystemExit, match="cannot keep the earlier rows"):
+        task_gains.main(["--runs", str(tmp_path / "runs2"), "--out", str(out), "--tasks", "word_problems"])
+    assert len(calls) == 1
