@@ -28,6 +28,18 @@ import time
 from pathlib import Path
 
 
+def loop_seconds(run_dir: Path) -> float | None:
+    """Seconds from the step-0 evaluation's log row to the last row of ``metrics.jsonl``: the training loop
+    without the model load or build (``summary.json``'s ``wall_seconds`` includes a first-use build)."""
+    times = []
+    with open(run_dir / "metrics.jsonl") as f:
+        for line in f:
+            t = json.loads(line).get("time")
+            if t is not None:
+                times.append(float(t))
+    return round(times[-1] - times[0], 1) if len(times) > 1 else None
+
+
 def read_curve(run_dir: Path) -> list[tuple[int, float, float | None]]:
     """``(step, accuracy_sampled, accuracy_greedy)`` of every evaluation logged in ``run_dir``."""
     out = []
@@ -73,7 +85,8 @@ def run_task(task: str, runs: Path, env: dict) -> dict:
         "gain_points": round(100 * (last[1] - first[1]), 2),
         "accuracy_greedy_initial": first[2], "accuracy_greedy_final": last[2],
         "curve": [{"step": s, "sampled": a, "greedy": g} for s, a, g in curve],
-        "train_wall_seconds": summary.get("wall_seconds"), "command_wall_seconds": round(wall, 1),
+        "train_wall_seconds": summary.get("wall_seconds"), "train_loop_seconds": loop_seconds(run_dir),
+        "command_wall_seconds": round(wall, 1),
         "load_avg_before": [round(x, 2) for x in load_before],
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(), "omp_num_threads": env.get("OMP_NUM_THREADS"),
@@ -103,16 +116,17 @@ def merge(rows: list[dict], row: dict) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| command | sampled acc. step 0 -> end | gain (points) | greedy | training s | command s "
-             "(build incl.) | model built in it | load avg 1m before/after |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| command | sampled acc. step 0 -> end | gain (points) | greedy | run s (summary) | loop s (step 0 "
+             "to end) | command s (build incl.) | model built in it | load avg 1m before/after |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         greedy = ("-" if r["accuracy_greedy_initial"] is None
                   else f"{100 * r['accuracy_greedy_initial']:.1f} % -> {100 * r['accuracy_greedy_final']:.1f} %")
+        loop = "-" if r.get("train_loop_seconds") is None else f"{r['train_loop_seconds']:.0f}"
         build = f"yes ({r['model_build_seconds']:.0f} s)" if r["model_built_in_command"] else "no (cached)"
         lines.append(f"| `{r['command']}` | {100 * r['accuracy_sampled_initial']:.1f} % -> "
                      f"{100 * r['accuracy_sampled_final']:.1f} % | {r['gain_points']:+.1f} | {greedy} | "
-                     f"{r['train_wall_seconds']:.0f} | {r['command_wall_seconds']:.0f} | {build} | "
+                     f"{r['train_wall_seconds']:.0f} | {loop} | {r['command_wall_seconds']:.0f} | {build} | "
                      f"{r['load_avg_before'][0]:.1f} / {r['load_avg_after'][0]:.1f} |")
     return "\n".join(lines) + "\n"
 
