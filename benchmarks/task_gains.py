@@ -12,7 +12,9 @@ training wall time. Whether the task's built-in model was built during the comma
 outdated cache) is recorded with its build time and build-time accuracy (``oblr_builtin.json``). The load
 average before and after each run and the CPU count are recorded too: the machine may be shared.
 
-Writes ``<out>/task_gains.json`` and ``<out>/task_gains.md`` (a table); prints the table.
+Writes ``<out>/task_gains.json`` and ``<out>/task_gains.md`` (a table); prints the table. Rows of tasks not
+run this time are kept from an existing ``task_gains.json`` (``--tasks word_problems`` leaves the countdown row
+as it was measured); a task run again replaces its own row.
 """
 
 from __future__ import annotations
@@ -24,6 +26,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+
+def loop_seconds(run_dir: Path) -> float | None:
+    """Seconds from the step-0 evaluation's log row to the last row of ``metrics.jsonl``: the training loop
+    without the model load or build (``summary.json``'s ``wall_seconds`` includes a first-use build)."""
+    times = []
+    with open(run_dir / "metrics.jsonl") as f:
+        for line in f:
+            t = json.loads(line).get("time")
+            if t is not None:
+                times.append(float(t))
+    return round(times[-1] - times[0], 1) if len(times) > 1 else None
 
 
 def read_curve(run_dir: Path) -> list[tuple[int, float, float | None]]:
@@ -71,24 +85,48 @@ def run_task(task: str, runs: Path, env: dict) -> dict:
         "gain_points": round(100 * (last[1] - first[1]), 2),
         "accuracy_greedy_initial": first[2], "accuracy_greedy_final": last[2],
         "curve": [{"step": s, "sampled": a, "greedy": g} for s, a, g in curve],
-        "train_wall_seconds": summary.get("wall_seconds"), "command_wall_seconds": round(wall, 1),
+        "train_wall_seconds": summary.get("wall_seconds"), "train_loop_seconds": loop_seconds(run_dir),
+        "command_wall_seconds": round(wall, 1),
         "load_avg_before": [round(x, 2) for x in load_before],
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(), "omp_num_threads": env.get("OMP_NUM_THREADS"),
     }
 
 
+def previous_rows(path: Path) -> list[dict]:
+    """The rows of an earlier ``task_gains.json`` (none if there is no such file); a broken one is one line."""
+    if not path.is_file():
+        return []
+    try:
+        rows = json.loads(path.read_text())
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and "task" in r for r in rows):
+            raise ValueError("not a list of rows with a 'task'")
+    except ValueError as e:
+        raise SystemExit(f"task_gains: cannot keep the earlier rows of {path}: {e}; move it away") from None
+    return rows
+
+
+def merge(rows: list[dict], row: dict) -> list[dict]:
+    """``rows`` with ``row`` in place of the row of the same task (or appended), in task order."""
+    from oblr.models.task_builtins import TASK_MODELS
+
+    order = list(TASK_MODELS)
+    kept = [r for r in rows if r["task"] != row["task"]] + [row]
+    return sorted(kept, key=lambda r: order.index(r["task"]) if r["task"] in order else len(order))
+
+
 def markdown(rows: list[dict]) -> str:
-    lines = ["| command | sampled acc. step 0 -> end | gain (points) | greedy | training s | command s "
-             "(build incl.) | model built in it | load avg 1m before/after |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| command | sampled acc. step 0 -> end | gain (points) | greedy | run s (summary) | loop s (step 0 "
+             "to end) | command s (build incl.) | model built in it | load avg 1m before/after |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         greedy = ("-" if r["accuracy_greedy_initial"] is None
                   else f"{100 * r['accuracy_greedy_initial']:.1f} % -> {100 * r['accuracy_greedy_final']:.1f} %")
+        loop = "-" if r.get("train_loop_seconds") is None else f"{r['train_loop_seconds']:.0f}"
         build = f"yes ({r['model_build_seconds']:.0f} s)" if r["model_built_in_command"] else "no (cached)"
         lines.append(f"| `{r['command']}` | {100 * r['accuracy_sampled_initial']:.1f} % -> "
                      f"{100 * r['accuracy_sampled_final']:.1f} % | {r['gain_points']:+.1f} | {greedy} | "
-                     f"{r['train_wall_seconds']:.0f} | {r['command_wall_seconds']:.0f} | {build} | "
+                     f"{r['train_wall_seconds']:.0f} | {loop} | {r['command_wall_seconds']:.0f} | {build} | "
                      f"{r['load_avg_before'][0]:.1f} / {r['load_avg_after'][0]:.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -111,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["OBLR_CACHE_DIR"] = env["OBLR_CACHE_DIR"]  # task_model_dir() here must see the same cache
     args.runs.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows = previous_rows(args.out / "task_gains.json")
     for task in args.tasks:  # the summary is rewritten after each task, so a stopped benchmark keeps its rows
-        rows.append(run_task(task, args.runs, env))
+        rows = merge(rows, run_task(task, args.runs, env))
         (args.out / "task_gains.json").write_text(json.dumps(rows, indent=2) + "\n")
         (args.out / "task_gains.md").write_text(markdown(rows))
     print(markdown(rows), end="")

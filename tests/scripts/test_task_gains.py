@@ -58,7 +58,7 @@ def test_summary_and_table(tmp_path, monkeypatch):
     assert rows[0]["model_built_in_command"] is True and rows[0]["curve"][1] == {"step": 100, "sampled": 0.2,
                                                                                   "greedy": 0.3}
     table = (out / "task_gains.md").read_text()
-    assert "| `oblr train task.name=countdown` | 12.5 % -> 25.0 % | +12.5 | 30.0 % -> 32.5 % | 12 |" in table
+    assert "| `oblr train task.name=countdown` | 12.5 % -> 25.0 % | +12.5 | 30.0 % -> 32.5 % | 12 | - |" in table
     with pytest.raises(SystemExit, match="exists"):  # a second run into the same folders is refused
         task_gains.main(["--runs", str(tmp_path / "runs"), "--out", str(out), "--tasks", "countdown"])
 
@@ -67,3 +67,37 @@ def test_unknown_task_is_one_line(capsys):
     with pytest.raises(SystemExit):
         task_gains.main(["--tasks", "arithmetic"])
     assert "no built-in model for arithmetic" in capsys.readouterr().err
+
+
+def test_rows_of_tasks_not_run_are_kept(tmp_path, monkeypatch):
+    """``--tasks word_problems`` keeps the countdown row of an earlier task_gains.json as it was, replaces the
+    word_problems row, and keeps the task order; a broken earlier file is refused in one line before any run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    old_countdown = {"task": "countdown", "gain_points": 10.25, "marker": "measured earlier"}
+    old_words = {"task": "word_problems", "gain_points": 0.4}
+    (out / "task_gains.json").write_text(json.dumps([old_words, old_countdown]))
+    run, calls = _fake_train({"word_problems": [(0, 0.3, 0.6), (200, 0.42, 0.6)]})
+    monkeypatch.setattr(task_gains.subprocess, "run", run)
+    monkeypatch.setattr(task_gains, "markdown", lambda rows: "")  # the old rows lack the table's fields
+    monkeypatch.delenv("OBLR_CACHE_DIR", raising=False)
+    assert task_gains.main(["--runs", str(tmp_path / "runs"), "--out", str(out), "--tasks", "word_problems",
+                            "--cache-dir", str(tmp_path / "cache")]) == 0
+    rows = json.loads((out / "task_gains.json").read_text())
+    assert [r["task"] for r in rows] == ["countdown", "word_problems"]
+    assert rows[0] == old_countdown and rows[1]["gain_points"] == 12.0 and len(calls) == 1
+    (out / "task_gains.json").write_text("{broken")
+    with pytest.raises(SystemExit, match="cannot keep the earlier rows"):
+        task_gains.main(["--runs", str(tmp_path / "runs2"), "--out", str(out), "--tasks", "word_problems"])
+    assert len(calls) == 1
+
+
+def test_loop_seconds_excludes_the_build(tmp_path):
+    """The loop time runs from the step-0 evaluation's row to the last row, so that a first-use build (in
+    ``summary.json``'s wall time) does not count as training; rows without a time are skipped."""
+    rows = [{"step": 0, "time": 1000.0, "eval/accuracy_sampled": 0.3}, {"step": 1}, {"step": 1, "time": 1001.5},
+            {"step": 200, "time": 1250.25, "eval/accuracy_sampled": 0.4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert task_gains.loop_seconds(tmp_path) == 250.2
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert task_gains.loop_seconds(tmp_path) is None

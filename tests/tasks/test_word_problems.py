@@ -7,7 +7,7 @@ from oblr.cli import main
 from oblr.grading import grade
 from oblr.tasks import get_task
 from oblr.tasks.math import MathTask
-from oblr.tasks.word_problems import MAX_VALUE, TEMPLATES
+from oblr.tasks.word_problems import MAX_SOLUTION_CHARS, MAX_VALUE, TEMPLATES
 
 
 def test_generation_gsm8k_format_and_self_consistent():
@@ -31,6 +31,21 @@ def test_generation_gsm8k_format_and_self_consistent():
     assert {len(e.meta["steps"]) for e in task.train} == {2, 3}
     ops = {step.split("=")[0].strip("0123456789") for e in task.train for step in e.meta["steps"]}
     assert ops == {"+", "-", "*", "/"} and len(TEMPLATES) == 6
+
+
+def test_no_solution_is_cut_off_by_the_default_generation_limit():
+    """Every solution fits in the default ``rollout.max_new_tokens`` (the built-in model's tokens are
+    characters), also in the templates' longest corner (3 steps with two-digit values: such problems are drawn,
+    at most 32 characters long), so that no correct answer is truncated into a wrong one."""
+    from oblr.config import RolloutConfig
+    from oblr.models.task_builtins import TASK_MODELS
+
+    assert MAX_SOLUTION_CHARS == RolloutConfig().max_new_tokens <= TASK_MODELS["word_problems"].max_new_tokens
+    task = get_task("word_problems", n_train=20000, n_eval=500)
+    lengths = [len(e.meta["solution"]) for e in task.train + task.eval]
+    assert max(lengths) == MAX_SOLUTION_CHARS  # the bound is reached, and never exceeded
+    long_three = [e for e in task.train if len(e.meta["steps"]) == 3 and e.meta["value"] >= 10]
+    assert len(long_three) > 500
 
 
 def test_reward_is_the_gsm8k_grader():

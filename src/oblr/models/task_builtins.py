@@ -70,9 +70,9 @@ class TaskModelSpec:
 TASK_MODELS: dict[str, TaskModelSpec] = {
     "countdown": TaskModelSpec(task="countdown", name="builtin:tiny-countdown", dirname="tiny-countdown-v1",
                                sft_steps=600, noise=0.3, max_new_tokens=32),
-    "word_problems": TaskModelSpec(task="word_problems", name="builtin:tiny-words", dirname="tiny-words-v1",
+    "word_problems": TaskModelSpec(task="word_problems", name="builtin:tiny-words", dirname="tiny-words-v2",
                                    extra_chars=WORD_CHARS, vocab_size=96, max_positions=128,
-                                   sft_steps=600, batch_size=32, noise=0.15, max_new_tokens=32),
+                                   sft_steps=700, batch_size=64, noise=0.15, max_new_tokens=32),
 }
 MODEL_NAMES = {spec.name: spec for spec in TASK_MODELS.values()}
 

@@ -2,7 +2,7 @@
 
 An example::
 
-    prompt   "Q: Mia has 4 boxes of 6 pens and gives away 5. How many pens are left?\\nA:"
+    prompt   "Q: Mia has 4 boxes of 6 pens, gives 5 away. How many left?\\nA:"
     solution " 4*6=24 24-5=19 #### 19"        (meta["solution"], the SFT target)
     answer   "4*6=24\\n24-5=19\\n#### 19"       (the reference, as GSM8K's answer field writes it)
 
@@ -26,6 +26,9 @@ from oblr.tasks.base import Example, register_task
 from oblr.tasks.math import MathTask
 
 MAX_VALUE = 200
+#: the longest solution text (``meta["solution"]``, characters = tokens of the built-in model): the default
+#: ``rollout.max_new_tokens`` (32), so that no correct solution is cut off by the default generation limit
+MAX_SOLUTION_CHARS = 32
 MAX_EXAMPLES = 1_000_000
 NAMES = [("Mia", "She"), ("Tom", "He"), ("Ana", "She"), ("Ben", "He"), ("Zoe", "She"), ("Sam", "He"),
          ("Eva", "She"), ("Leo", "He")]
@@ -37,28 +40,28 @@ Step = tuple[int, str, int]  # (x, op, y)
 def _t_buy_give(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     a, b = r.randint(2, 30), r.randint(2, 30)
     c = r.randint(1, a + b)
-    return (f"{name} has {a} {item}, buys {b} more and gives {c} away. How many now?",
+    return (f"{name} has {a} {item}, buys {b}, gives {c} away. How many now?",
             [(a, "+", b), (a + b, "-", c)])
 
 
 def _t_boxes(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     a, b = r.randint(2, 9), r.randint(2, 9)
     c = r.randint(1, a * b)
-    return (f"{name} has {a} boxes of {b} {item} and gives {c} away. How many left?",
+    return (f"{name} has {a} boxes of {b} {item}, gives {c} away. How many left?",
             [(a, "*", b), (a * b, "-", c)])
 
 
 def _t_times(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     other = r.choice([n for n, _ in NAMES if n != name])
     a, b = r.randint(2, 20), r.randint(2, 5)
-    return (f"{name} has {a} {item}. {other} has {b} times as many. How many in all?",
+    return (f"{name} has {a} {item}, {other} {b} times as many. How many in all?",
             [(a, "*", b), (a, "+", a * b)])
 
 
 def _t_change(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     a, b = r.randint(2, 9), r.randint(2, 9)
     c = r.choice([x for x in (20, 50, 100) if x >= a * b])
-    return (f"{name} buys {b} {item} at ${a} each and pays ${c}. What is the change?", [(a, "*", b), (c, "-", a * b)])
+    return (f"{name} buys {b} {item} at ${a} each, pays ${c}. What change?", [(a, "*", b), (c, "-", a * b)])
 
 
 def _t_share(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
@@ -67,14 +70,14 @@ def _t_share(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     total = d * each
     b = r.randint(1, total - 1)
     a = total - b
-    return (f"{name} has {a} {item}, finds {b} more and shares them among {d} friends. How many each?", [(a, "+", b), (total, "/", d)])
+    return (f"{name} has {a} {item}, finds {b}, shares among {d}. How many each?", [(a, "+", b), (total, "/", d)])
 
 
 def _t_three(r: random.Random, name, pron, item) -> tuple[str, list[Step]]:
     a, b = r.randint(2, 6), r.randint(2, 9)
     c = r.randint(1, 20)
     d = r.randint(1, a * b + c)
-    return (f"{name} has {a} bags of {b} {item}, buys {c} more and loses {d}. How many now?",
+    return (f"{name} has {a} bags of {b} {item}, buys {c}, loses {d}. How many now?",
             [(a, "*", b), (a * b, "+", c), (a * b + c, "-", d)])
 
 
@@ -93,7 +96,7 @@ def format_prompt(question: str) -> str:
 
 def sample_problem(rng: random.Random) -> tuple[str, list[str], int]:
     """``(question, steps ["x op y=z", ...], answer)`` from a random template (rejection keeps every value
-    in ``[0, MAX_VALUE]`` and every division exact)."""
+    in ``[0, MAX_VALUE]``, every division exact and the solution text at most :data:`MAX_SOLUTION_CHARS`)."""
     while True:
         name, pron = rng.choice(NAMES)
         question, steps = rng.choice(TEMPLATES)(rng, name, pron, rng.choice(ITEMS))
@@ -107,13 +110,18 @@ def sample_problem(rng: random.Random) -> tuple[str, list[str], int]:
                 ok = False
                 break
             texts.append(f"{x}{op}{y}={z}")
-        if ok:
+        if ok and len(solution_text(texts, z)) <= MAX_SOLUTION_CHARS:
             return question, texts, z
+
+
+def solution_text(steps: list[str], answer: int) -> str:
+    """The SFT target: ``" 4*6=24 24-5=19 #### 19"``."""
+    return " " + " ".join(steps) + f" #### {answer}"
 
 
 def make_example(question: str, steps: list[str], answer: int) -> Example:
     return Example(prompt=format_prompt(question), answer="\n".join(steps) + f"\n#### {answer}",
-                   meta={"question": question, "solution": " " + " ".join(steps) + f" #### {answer}",
+                   meta={"question": question, "solution": solution_text(steps, answer),
                          "steps": steps, "value": answer, "kind": "gsm8k", "benchmark": "word_problems",
                          "unit": None})
 
