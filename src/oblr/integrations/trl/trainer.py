@@ -125,9 +125,7 @@ class OBLRGRPOTrainer(GRPOTrainer):
                              "DeepSpeed ZeRO-3 (accelerate config with a deepspeed_plugin)")
         self._oblr_book = BookKeeper(self.model)  # fails now, naming the module, if a layer has no rule
         self._oblr_fold = not self.is_deepspeed_enabled
-        if self.is_deepspeed_enabled and args.beta != 0.0:
-            raise ValueError(f"OBLRGRPOTrainer: beta={args.beta} is not supported under DeepSpeed (TRL's own loss "
-                             f"would add its per-token KL, not oblr's sequence KL); use beta=0.0 or no DeepSpeed")
+        self._oblr_check_kl()
         self._oblr_rewards_per_func = None
         if self.is_deepspeed_enabled and args.oblr_snr_lr and args.oblr_lr_schedule == "auto":
             raise ValueError("OBLRGRPOTrainer: oblr_lr_schedule='auto' is not supported under DeepSpeed (it reads "
@@ -194,6 +192,11 @@ class OBLRGRPOTrainer(GRPOTrainer):
         return norm
 
     # ------------------------------------------------------------------ one generation batch
+    def _oblr_check_kl(self) -> None:
+        if not self._oblr_fold and self.beta != 0.0:
+            raise ValueError(f"OBLRGRPOTrainer: beta={self.beta} is not supported under DeepSpeed (TRL's own loss "
+                             f"would run with its own KL term and reference log-probs); use beta=0.0 or no DeepSpeed")
+
     def _oblr_reference(self, model):
         """The frozen reference of the KL term, as TRL builds it: ``self.ref_model`` (full fine-tuning) or, for a
         peft model, the same model with its adapters off (or its ``ref`` adapter when it has one)."""
@@ -231,6 +234,7 @@ class OBLRGRPOTrainer(GRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         if not self.model.training:  # evaluation: TRL's own advantages and loss
             return out
+        self._oblr_check_kl()
         t0 = time.perf_counter()
         batch = self._oblr_batch(out)
         G = self.num_generations
