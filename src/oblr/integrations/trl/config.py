@@ -49,7 +49,8 @@ SAMPLING_KEYS = frozenset({
     "presence_penalty", "frequency_penalty", "min_tokens", "logit_bias", "allowed_token_ids", "bad_words",
 })
 
-_OFF_POLICY = "the score is taken from the full tempered distribution, so the completions are scored off-policy"
+_OFF_POLICY = ("oblr scores tokens under the tempered distribution truncated by top_p only, so the completions "
+               "would be scored off-policy")
 
 
 @dataclass(frozen=True)
