@@ -17,7 +17,7 @@ BAD = {
     "max_completion_length": dict(max_completion_length=None),
     "scale_rewards": dict(scale_rewards="group"),
     "multi_objective_aggregation": dict(multi_objective_aggregation="normalize_then_sum"),
-    "beta": dict(beta=0.04),
+    "beta": dict(beta=-0.04),
     "num_iterations": dict(num_iterations=2),
     "steps_per_generation": dict(steps_per_generation=2),
     "mask_truncated_completions": dict(mask_truncated_completions=True),
@@ -26,7 +26,7 @@ BAD = {
     "use_adaptive_entropy": dict(use_adaptive_entropy=True),
     "off_policy_mask_threshold": dict(off_policy_mask_threshold=0.5),
     "delta": dict(delta=0.9),
-    "top_p": dict(top_p=0.9),
+    "top_p": dict(top_p=0.9, use_vllm=True),  # vLLM's importance ratio ignores the nucleus (on by default)
     "top_k": dict(top_k=20),
     "min_p": dict(min_p=0.05),
     "repetition_penalty": dict(repetition_penalty=1.1),
@@ -82,6 +82,18 @@ def test_compatible_explicit_values_pass(tmp_path):
     _cfg(tmp_path, temperature=0.7, oblr_baseline="rloo", oblr_snr_lr=False, lr_scheduler_type="cosine",
          delta=1.5, importance_sampling_level="sequence", generation_kwargs={"use_cache": True},
          gradient_accumulation_steps=2)
+
+
+def test_kl_and_nucleus_are_accepted(tmp_path):
+    """beta > 0 (oblr's sequence KL) and top_p < 1 (scored under the nucleus) pass; top_p is still refused out
+    of (0, 1] and with vLLM's importance-sampling correction, top_k and min_p whatever the rest."""
+    c = _cfg(tmp_path, beta=0.04, top_p=0.9)
+    assert (c.beta, c.top_p) == (0.04, 0.9)
+    _cfg(tmp_path, top_p=0.9, use_vllm=True, vllm_importance_sampling_correction=False)
+    for kw in (dict(top_p=0.0), dict(top_p=1.5), dict(top_p=0.9, top_k=20), dict(top_p=0.9, min_p=0.05)):
+        with pytest.raises(ValueError, match=r"^OBLRGRPOConfig: (top_p|top_k|min_p)=.*; use ") as e:
+            _cfg(tmp_path, **kw)
+        assert "\n" not in str(e.value)
 
 
 def test_learning_rate_auto_selects_the_auto_schedule_with_its_initial_guess(tmp_path):

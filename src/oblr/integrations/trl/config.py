@@ -49,7 +49,8 @@ SAMPLING_KEYS = frozenset({
     "presence_penalty", "frequency_penalty", "min_tokens", "logit_bias", "allowed_token_ids", "bad_words",
 })
 
-_OFF_POLICY = "the score is taken from the full tempered distribution, so the completions are scored off-policy"
+_OFF_POLICY = ("oblr scores tokens under the tempered distribution truncated by top_p only, so the completions "
+               "would be scored off-policy")
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,7 @@ RULES: tuple[Rule, ...] = (
     Rule("multi_objective_aggregation", lambda c: c.multi_objective_aggregation == "sum_then_normalize",
          "multi_objective_aggregation='sum_then_normalize'",
          "normalize_then_sum scales each reward function by its group std"),
-    Rule("beta", lambda c: c.beta == 0.0, "beta=0.0",
-         "the KL term's gradient is not part of the per-prompt gradients S and V are computed from"),
+    Rule("beta", lambda c: c.beta >= 0.0, "beta >= 0 (0: no KL term)", "it is the coefficient of a KL penalty"),
     Rule("num_iterations", lambda c: c.num_iterations == 1, "num_iterations=1",
          "later iterations reuse the batch off-policy (importance ratios, clipping), while w_i, the baseline "
          "and S, V describe the on-policy gradient"),
@@ -101,8 +101,11 @@ RULES: tuple[Rule, ...] = (
          "off_policy_mask_threshold=None", "masking sequences by advantage and KL is an outcome-dependent selection"),
     Rule("delta", lambda c: c.delta is None or c.delta > 1.0, "delta=None (or > 1)",
          "delta <= 1 clips the on-policy ratio 1 and zeroes the gradient"),
-    Rule("top_p", lambda c: c.top_p == 1.0, "top_p=1.0", "nucleus sampling draws from a truncated distribution; "
-         + _OFF_POLICY),
+    Rule("top_p", lambda c: 0.0 < c.top_p <= 1.0 and (c.top_p == 1.0 or not (c.use_vllm and
+                                                                       c.vllm_importance_sampling_correction)),
+         "top_p in (0, 1], and top_p=1.0 with vLLM's importance-sampling correction",
+         "TRL's vLLM importance ratio divides vLLM's nucleus log-probs by its own untruncated ones, which "
+         "biases the per-row factor c_i"),
     Rule("top_k", lambda c: not c.top_k, "top_k=0", "top-k sampling draws from a truncated distribution; "
          + _OFF_POLICY),
     Rule("min_p", lambda c: c.min_p is None, "min_p=None", "min-p sampling draws from a truncated distribution; "

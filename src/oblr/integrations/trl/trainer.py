@@ -16,6 +16,14 @@ of ``oblr_baseline`` (leave-one-out within each group) and, from the same record
   gradient); the per-prompt norms are all-reduced at generation time and the lr is set from DeepSpeed's
   pre-clip global gradient norm in a pre-step hook of the inner optimizer, before its update.
 
+KL and nucleus (no DeepSpeed): ``beta > 0`` is oblr's KL term, not TRL's per-token one: the loss adds
+``beta * sum_i c_i KL_i`` with ``KL_i`` the sequence k3 KL (:func:`oblr.losses.sequence_kl`, the summed
+per-token ``exp(d) - d - 1``, ``d = ref - logp``) and ``c_i = 1 / (generation_batch_size x
+max_completion_length)`` the dr_grpo factor, so ``beta`` weighs the same per-token k3 as in TRL's dr_grpo
+loss; the reference is TRL's (``ref_model``, or the peft model with adapters disabled); the KL gradient is in
+the per-prompt gradients S and V are computed from, and w_i stays ``c_i^2 ||s_i||^2``. ``top_p < 1``: tokens
+are scored (w_i, the gradient, the KL) under the nucleus the sampler used (``temperature`` then ``top_p``).
+
 Every rank sets the same lr on its optimizer every optimizer step. The SNR controller is the trainer's
 ``lr_scheduler`` (saved and restored with checkpoints). Metrics go to TRL's logs under ``oblr/``.
 """
@@ -28,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
+from trl.trainer.utils import use_adapter
 
 from oblr.distributed.collectives import all_reduce_grads, all_reduce_sum
 from oblr.distributed.collectives import grad_sq_norm as global_grad_sq_norm
@@ -83,6 +92,19 @@ def _innermost_optimizer(opt):
     return opt
 
 
+class _AdapterOffReference:
+    """Callable like a causal LM: ``model(**kw)`` with the peft adapters disabled (TRL's ``use_adapter``; the
+    adapter named ``ref`` when the model has one), i.e. the reference TRL uses for a peft model."""
+
+    def __init__(self, model, peft_model):
+        self.model, self.peft_model = model, peft_model
+
+    def __call__(self, **kwargs):
+        name = "ref" if "ref" in self.peft_model.peft_config else None
+        with use_adapter(self.peft_model, adapter_name=name):
+            return self.model(**kwargs)
+
+
 class OBLRGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose advantages, gradient and learning rate are OBLR-PO's. See the module docstring."""
 
@@ -103,6 +125,7 @@ class OBLRGRPOTrainer(GRPOTrainer):
                              "DeepSpeed ZeRO-3 (accelerate config with a deepspeed_plugin)")
         self._oblr_book = BookKeeper(self.model)  # fails now, naming the module, if a layer has no rule
         self._oblr_fold = not self.is_deepspeed_enabled
+        self._oblr_check_kl()
         self._oblr_rewards_per_func = None
         if self.is_deepspeed_enabled and args.oblr_snr_lr and args.oblr_lr_schedule == "auto":
             raise ValueError("OBLRGRPOTrainer: oblr_lr_schedule='auto' is not supported under DeepSpeed (it reads "
@@ -169,6 +192,18 @@ class OBLRGRPOTrainer(GRPOTrainer):
         return norm
 
     # ------------------------------------------------------------------ one generation batch
+    def _oblr_check_kl(self) -> None:
+        if not self._oblr_fold and self.beta != 0.0:
+            raise ValueError(f"OBLRGRPOTrainer: beta={self.beta} is not supported under DeepSpeed (TRL's own loss "
+                             f"would run with its own KL term and reference log-probs); use beta=0.0 or no DeepSpeed")
+
+    def _oblr_reference(self, model):
+        """The frozen reference of the KL term, as TRL builds it: ``self.ref_model`` (full fine-tuning) or, for a
+        peft model, the same model with its adapters off (or its ``ref`` adapter when it has one)."""
+        if self.ref_model is not None:
+            return self.ref_model
+        return _AdapterOffReference(model, self.accelerator.unwrap_model(self.model))
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._oblr_rewards_per_func = rewards_per_func  # [B over all processes, reward functions]
@@ -199,16 +234,18 @@ class OBLRGRPOTrainer(GRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         if not self.model.training:  # evaluation: TRL's own advantages and loss
             return out
+        self._oblr_check_kl()
         t0 = time.perf_counter()
         batch = self._oblr_batch(out)
         G = self.num_generations
-        settings = UpdateSettings(baseline=self.args.oblr_baseline, temperature=self.temperature,
-                                  micro_batch_groups=max(1, self.args.per_device_train_batch_size // G),
+        settings = UpdateSettings(baseline=self.args.oblr_baseline, temperature=self.temperature, top_p=self.top_p,
+                                  kl_coef=float(self.beta), micro_batch_groups=max(1, self.args.per_device_train_batch_size // G),
                                   need_snr=self.args.oblr_snr_lr, assemble_grad=self._oblr_fold)
         n_prompts = self.args.generation_batch_size // G
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as model:
             res = accumulate_policy_gradient(model, batch, batch.rewards, settings, seq_scale=batch.seq_scale,
-                                             n_prompts=n_prompts, autocast=self.accelerator.autocast)
+                                             n_prompts=n_prompts, autocast=self.accelerator.autocast,
+                                             ref_model=self._oblr_reference(model) if self.beta else None)
         self.oblr_last_round = (batch, res)
         m_core = res.metrics
         w = res.estimate.weights
@@ -235,6 +272,8 @@ class OBLRGRPOTrainer(GRPOTrainer):
         m["oblr/fallback_count"].append(float(stats[1]))
         if res.estimate.weights is not None:
             m["oblr/w_mean"].append(float(stats[2] / stats[3].clamp(min=1)))
+        if "actor/kl" in m_core:  # token mean of k3 over this process's rows
+            m["oblr/kl"].append(float(m_core["actor/kl"]))
         m["oblr/time_norms"].append(time.perf_counter() - t0)
         if self._oblr_fold:  # TRL's loss forward (which logs the entropy) does not run
             m["entropy"].append(float(stats[4] / stats[5].clamp(min=1)))
