@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from oblr.checks import Range
-from oblr.tasks.base import Example, Task, register_task
+from oblr.tasks.base import Example, Task, draw_distinct, register_task
 
 _PREC = {"+": 1, "-": 1, "*": 2}
 
@@ -188,21 +188,10 @@ def noisy_solution(example: Example, rng: random.Random, digit_noise: float) -> 
 
 
 def _draw(rng: random.Random, cfg: ArithmeticConfig, n: int, exclude: set[str], what: str) -> list[Example]:
-    out: list[Example] = []
-    seen = set(exclude)
-    misses = 0  # consecutive duplicates: many in a row means the space of expressions is exhausted
-    while len(out) < n:
-        if misses > 5000:
-            raise ValueError(f"arithmetic task: could only draw {len(out)} distinct {what} expressions of "
-                             f"the {n} asked for; lower n_{what} or widen the difficulty")
-        expr, start, chain = sample_expression(rng, cfg)
-        if expr in seen:
-            misses += 1
-            continue
-        misses = 0
-        seen.add(expr)
-        out.append(make_example(expr, start, chain))
-    return out
+    drawn = draw_distinct(n, exclude, lambda: sample_expression(rng, cfg), key=lambda d: d[0],
+                          too_few=lambda got: f"arithmetic task: could only draw {got} distinct {what} expressions of "
+                                              f"the {n} asked for; lower n_{what} or widen the difficulty")
+    return [make_example(expr, start, chain) for expr, start, chain in drawn]
 
 
 class ArithmeticTask(Task):

@@ -112,3 +112,25 @@ def reward_scorer(task: Task, failures: RewardFailures | None = None) -> Callabl
                             dtype=torch.float32)
 
     return score
+
+
+def draw_distinct(n: int, exclude: set, sample: Callable[[], Any], key: Callable[[Any], Any], *,
+                  too_few: Callable[[int], str]) -> list:
+    """``n`` items from ``sample()``, distinct by ``key`` and none of whose keys is in ``exclude``, in the order
+    drawn (a generated task's train and eval sets). 5000 duplicates in a row mean the space is exhausted:
+    ``ValueError(too_few(number drawn so far))``."""
+    out: list = []
+    seen = set(exclude)
+    misses = 0  # consecutive duplicates
+    while len(out) < n:
+        if misses > 5000:
+            raise ValueError(too_few(len(out)))
+        item = sample()
+        k = key(item)
+        if k in seen:
+            misses += 1
+            continue
+        misses = 0
+        seen.add(k)
+        out.append(item)
+    return out

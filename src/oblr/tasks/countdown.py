@@ -34,7 +34,7 @@ from fractions import Fraction
 from typing import Annotated
 
 from oblr.config import Range
-from oblr.tasks.base import Example, Task, register_task
+from oblr.tasks.base import Example, Task, draw_distinct, register_task
 
 MAX_CHARS = 200  # longest expression considered
 MAX_DEPTH = 16  # deepest parenthesis nesting
@@ -235,22 +235,11 @@ def make_example(numbers: list[int], target: int, expr: str) -> Example:
 
 def _draw(rng: random.Random, n: int, exclude: set, what: str, n_numbers: int, max_number: int,
           max_target: int) -> list[Example]:
-    out: list[Example] = []
-    seen = set(exclude)
-    misses = 0
-    while len(out) < n:
-        if misses > 5000:
-            raise ValueError(f"countdown task: could only draw {len(out)} distinct {what} instances of the {n} "
-                             f"asked for; lower n_{what} or raise max_number / max_target")
-        numbers, target, expr = sample_instance(rng, n_numbers, max_number, max_target)
-        key = (tuple(numbers), target)
-        if key in seen:
-            misses += 1
-            continue
-        misses = 0
-        seen.add(key)
-        out.append(make_example(numbers, target, expr))
-    return out
+    drawn = draw_distinct(n, exclude, lambda: sample_instance(rng, n_numbers, max_number, max_target),
+                          key=lambda d: (tuple(d[0]), d[1]),
+                          too_few=lambda got: f"countdown task: could only draw {got} distinct {what} instances of the "
+                                              f"{n} asked for; lower n_{what} or raise max_number / max_target")
+    return [make_example(numbers, target, expr) for numbers, target, expr in drawn]
 
 
 class CountdownTask(Task):

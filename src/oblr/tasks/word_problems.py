@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 from oblr.config import Range
-from oblr.tasks.base import Example, register_task
+from oblr.tasks.base import Example, draw_distinct, register_task
 from oblr.tasks.math import MathTask
 
 MAX_VALUE = 200
@@ -127,21 +127,10 @@ def make_example(question: str, steps: list[str], answer: int) -> Example:
 
 
 def _draw(rng: random.Random, n: int, exclude: set[str], what: str) -> list[Example]:
-    out: list[Example] = []
-    seen = set(exclude)
-    misses = 0
-    while len(out) < n:
-        if misses > 5000:
-            raise ValueError(f"word_problems task: could only draw {len(out)} distinct {what} problems of the "
-                             f"{n} asked for; lower n_{what}")
-        question, steps, answer = sample_problem(rng)
-        if question in seen:
-            misses += 1
-            continue
-        misses = 0
-        seen.add(question)
-        out.append(make_example(question, steps, answer))
-    return out
+    drawn = draw_distinct(n, exclude, lambda: sample_problem(rng), key=lambda d: d[0],
+                          too_few=lambda got: f"word_problems task: could only draw {got} distinct {what} problems of "
+                                              f"the {n} asked for; lower n_{what}")
+    return [make_example(question, steps, answer) for question, steps, answer in drawn]
 
 
 @register_task("word_problems")
