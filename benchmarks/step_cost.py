@@ -48,6 +48,8 @@ FULL_CASES = [
     Case(hidden=256, layers=6, vocab=4096, prompt_len=32, response_len=256, n_prompts=8, group_size=4, tied=False),
     Case(hidden=128, layers=4, vocab=4096, prompt_len=32, response_len=64, n_prompts=8, group_size=4,
          micro_batch_groups=2),
+    # deep and long: where activation checkpointing matters (--methods grpo,oblr,grpo_ckpt,oblr_ckpt --cases 5)
+    Case(hidden=128, layers=8, vocab=4096, prompt_len=32, response_len=480, n_prompts=2, group_size=4),
 ]
 
 
@@ -233,6 +235,13 @@ def main(argv=None) -> int:
     if args.markdown:
         args.markdown.write_text(header + "\n\n" + tables + "\n")
     print(f"oblr/grpo step-time ratio: {results[0].ratio('oblr'):.2f}")
+    for res in results:
+        names = {r.method for r in res.rows if r.error is None and r.times}
+        if {"oblr_ckpt", "grpo_ckpt"} <= names:
+            t = statistics.median(res.row("oblr_ckpt").times) / statistics.median(res.row("grpo_ckpt").times)
+            mem = res.row("oblr_ckpt").peak_bytes / res.row("grpo_ckpt").peak_bytes
+            print(f"with activation checkpointing, {res.case.name}: oblr_ckpt/grpo_ckpt step time {t:.2f}, "
+                  f"peak memory {mem:.2f}")
     return 0
 
 

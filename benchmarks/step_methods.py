@@ -19,6 +19,9 @@ Methods (see docs/performance.md):
 - ``two_backward``: a BookKeeper pass for the norms, then a second forward + ordinary backward;
 - ``torch_func``: ``vmap(grad(...))`` per-sample gradients over the sequences of each prompt;
 - ``opacus``: Opacus ghost clipping hooks for ``w_i`` then a second backward (retained graph);
+- ``grpo_ckpt`` / ``oblr_ckpt``: ``grpo`` / ``oblr`` with Hugging Face non-reentrant activation
+  checkpointing on for the call (``oblr.models.enable_activation_checkpointing``; OBLR-PO then runs on the
+  two-pass engine, :class:`oblr.gradnorm.TwoPassBookKeeper`); compare ``oblr_ckpt`` with ``grpo_ckpt``;
 - ``oblr_auto``: ``oblr`` plus one step of the ``auto`` lr schedule (:mod:`oblr.step_scale`: buffer
   copies, three dot products, the AdamW noise gain), on a shadow AdamW over the same parameters whose lr
   it sets (the harness's optimizer keeps lr 0).
@@ -326,12 +329,28 @@ class AutoStep:
         return res.per_prompt_sq_norms
 
 
+def _checkpointing_on(ctx: Ctx) -> None:
+    from oblr.models import enable_activation_checkpointing
+
+    enable_activation_checkpointing(ctx.model)
+
+
+def _checkpointing_off(ctx: Ctx) -> None:
+    ctx.model.activation_checkpointing_disable()
+    if hasattr(ctx.model, "_require_grads_hook"):  # enable added it (embedding outputs require grad); disable
+        ctx.model.disable_input_require_grads()   # leaves it on a non-peft model, and torch.func refuses it
+
+
 def methods() -> list[Method]:
     """Every compared method, GRPO (the denominator) first."""
     opacus, auto = OpacusStep(), AutoStep()
     return [
         Method("grpo", step_grpo, "GRPO, plain path: 1 forward + 1 backward"),
         Method("oblr", step_oblr, "OBLR-PO, book-keeping: 1 forward + 1 backward, w_i, ||g_k||^2"),
+        Method("grpo_ckpt", step_grpo, "GRPO with activation checkpointing (recompute in the backward)",
+               _checkpointing_on, _checkpointing_off),
+        Method("oblr_ckpt", step_oblr, "OBLR-PO with activation checkpointing: two-pass engine (norm pass into "
+               "per-prompt Grams, then an ordinary backward)", _checkpointing_on, _checkpointing_off),
         Method("oblr_auto", auto, "OBLR-PO as oblr + the auto lr schedule's step (oblr.step_scale)", auto.setup),
         Method("oblr_loop", step_oblr_loop, "OBLR-PO, norms_method=loop: 1 forward + 1 backward per sequence"),
         Method("loop", step_loop, "loop: 1 forward + 1 backward per sequence"),
