@@ -177,11 +177,14 @@ def test_the_trainer_refuses_a_bad_distributed_setup_in_one_line(overrides, envi
 
 
 _EXIT_SCRIPT = """
-import atexit, os, sys, torch
+import atexit, os, sys, time, torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from oblr.distributed.env import exit_worker, init_distributed, shutdown
 
+rank, marker = int(os.environ["RANK"]), os.environ["DONE_MARKER"]
+if rank == 1:  # registered first, so it runs last: rank 1's handlers have all run
+    atexit.register(lambda: open(marker, "w").close())
 init_distributed("gloo")
 atexit.register(lambda: print(f"atexit ran on rank {dist.get_rank() if dist.is_initialized() else '-'}", flush=True))
 y = funcol.wait_tensor(funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD))
@@ -190,7 +193,12 @@ shutdown()
 threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
 print(f"rank {os.environ['RANK']} gloo threads after destroy: {sum(t.startswith(('pt_gloo', 'gloo')) for t in threads)}")
 sys.stdout.write("unflushed tail")
-exit_worker(int(os.environ["RANK"]) + 3 if os.environ.get("FAIL") else 0)
+fail = bool(os.environ.get("FAIL")) and rank == 0
+if fail:  # torchrun stops the other ranks at the first failure: fail once rank 1 has finished its exit
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+exit_worker(3 if fail else 0)
 """
 
 
@@ -204,14 +212,15 @@ def test_a_worker_ends_through_exit_worker_with_its_code_its_atexit_handlers_and
 
     script = tmp_path / "w.py"
     script.write_text(_EXIT_SCRIPT)
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1", **({"FAIL": "1"} if fail else {})}
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1", "DONE_MARKER": str(tmp_path / "rank1-done"),
+           **({"FAIL": "1"} if fail else {})}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            "--tee", "3", "--log-dir", str(tmp_path / "logs"), str(script)],
                           capture_output=True, text=True, env=env, timeout=120)
     out = proc.stdout
     assert "terminate called" not in proc.stderr
     if fail:
-        assert proc.returncode != 0 and "exitcode  : 3" in proc.stderr  # rank 0's own code reaches torchrun
+        assert proc.returncode != 0 and "exitcode  : 3" in proc.stderr, proc.stderr[-3000:]  # rank 0's own code
     else:
         assert proc.returncode == 0, proc.stderr[-3000:]
     for r in (0, 1):
