@@ -60,6 +60,14 @@ copy too, not counted); FSDP2 over 8 GPUs with bf16 sharded parameters and gradi
 (master copy + two moments) sharded, two gathered layers and the gathered embedding (and `lm_head`)
 resident; 80 GB (decimal) per GPU; no CUDA allocator overhead, no NCCL buffers, no rollout engine sharing
 the GPU. A micro-batch of 0 means one sequence does not fit without checkpointing.
+
+Where the model misses: at short responses and the widest case (hidden 256, T = 16+256) the checkpointed
+plans measure ~17 % below the prediction (and `oblr_ckpt` at hidden 128, T = 16+256, in `--quick`, ~16 %):
+there the peak is the start of the backward, and fewer than the 5 (two-pass norm pass: 4) logit-sized
+tensors assumed are live at once; the model errs on the safe side. At 1024 tokens every plan is within 7 %.
+The projected checkpointed peaks are dominated by those float32 logit-sized tensors (5 x T x 151936 x 4
+bytes: 12.4 GB at 4k tokens), so `oblr_ckpt` projects equal to `grpo_ckpt`; chunking the log-softmax over
+T would change that and is not modelled.
 """
 
 
