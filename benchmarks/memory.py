@@ -118,7 +118,7 @@ def measured_table(rows) -> str:
 
 def projection_table(tokens=(1024, 4096, 8192), budget_gb: float = 80.0, world: int = 8) -> str:
     """Per-sequence peak (GiB, bf16 activations, fp32 logits) and the largest micro-batch per GPU."""
-    out = [f"| model | params | resident per GPU (GiB) | response tokens | "
+    out = ["| model | params | resident per GPU (GiB) | response tokens | "
            + " | ".join(f"{p} GiB/seq | {p} max micro-batch" for p in mm.PLANS) + " |",
            "|---|---:|---:|---:|" + "---:|" * (2 * len(mm.PLANS))]
     for name, s in mm.QWEN3.items():
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
         print(f"measuring {case.name}", file=sys.stderr, flush=True)
         rows += measure(case)
     worst = max(abs(r["ratio"] - 1) for r in rows)
-    text = [f"## Measured on CPU vs predicted (step peak above model + optimizer state + batch; float32)", "",
+    text = ["## Measured on CPU vs predicted (step peak above model + optimizer state + batch; float32)", "",
             measured_table(rows), "",
             f"{sum(abs(r['ratio'] - 1) <= BAND for r in rows)}/{len(rows)} within 15 %; largest deviation "
             f"{worst:.1%}; measured in {time.perf_counter() - t0:.0f} s"]
