@@ -1,6 +1,6 @@
 """OBLRGRPOTrainer with activation checkpointing on (non-reentrant): the update core runs on the two-pass norm
 engine and w_i, the advantages and the gradient still match the one-sequence-at-a-time reference, for full
-fine-tuning with gradient accumulation 2, LoRA, and the DeepSpeed code path (forced on CPU)."""
+fine-tuning with gradient accumulation 2, LoRA (also with the KL term), and the DeepSpeed code path (forced on CPU)."""
 
 from __future__ import annotations
 
@@ -101,3 +101,22 @@ def test_deepspeed_path_with_checkpointing_matches_the_folded_path(ckpt_run, trl
     for la, lb in zip(ckpt_run.trainer.state.log_history[:2], trainer.state.log_history[:2]):
         for key in ("oblr/S", "oblr/V", "oblr/lr", "oblr/grad_norm"):
             assert lb[key] == pytest.approx(la[key], rel=1e-4, abs=1e-12), key
+
+
+def test_kl_lora_with_checkpointing_matches_the_reference(trl_model, tmp_path, books):
+    """beta > 0 with a peft model: the reference is the same checkpointed model with its adapters off, and the
+    core runs two norm passes (s_i, then obj_i with its KL term) before the gradient pass."""
+    from .test_trl_kl_top_p import BETA, _check, _token_logprobs
+
+    peft = pytest.importorskip("peft")
+    model, tok = load_model_and_tokenizer(trl_model)
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM")
+    trainer = make_trainer(model, tok, tmp_path, beta=BETA, peft_config=cfg, activation_checkpointing=True)
+    with torch.no_grad():
+        for n, p in trainer.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    policy = frozen_copy(trainer, lambda: peft.get_peft_model(load_model_and_tokenizer(trl_model)[0], cfg))
+    base = load_model_and_tokenizer(trl_model)[0].eval()
+    _check(trainer, policy, lambda ids, t, p: _token_logprobs(base, ids, t, p), 1.0, 1.0, BETA)
+    assert books and all(b is TwoPassBookKeeper for b in books) and _checkpointed(trainer)
