@@ -32,7 +32,8 @@ BAD = {
     "repetition_penalty": dict(repetition_penalty=1.1),
     "generation_kwargs": dict(generation_kwargs={"top_k": 5}),
     "vllm_importance_sampling_mode": dict(use_vllm=True, vllm_importance_sampling_mode="token_truncate"),
-    "gradient_checkpointing": dict(gradient_checkpointing=True),
+    "activation_checkpointing_kwargs": dict(activation_checkpointing=True,
+                                            activation_checkpointing_kwargs={"use_reentrant": True}),
     "fp16": dict(fp16=True),
     "torch_compile": dict(torch_compile=True),
     "router_aux_loss_coef": dict(router_aux_loss_coef=0.01),
@@ -57,6 +58,22 @@ def test_defaults_are_compatible(tmp_path):
     assert (c.loss_type, c.scale_rewards, c.gradient_checkpointing, c.oblr_baseline, c.oblr_snr_lr) == \
         ("dr_grpo", "none", False, "oblr", True)
     assert c.steps_per_generation == c.gradient_accumulation_steps
+
+
+@pytest.mark.parametrize("kw", [dict(activation_checkpointing=True), dict(gradient_checkpointing=True),
+                                dict(activation_checkpointing=True, activation_checkpointing_kwargs={"debug": False})])
+def test_checkpointing_is_accepted_non_reentrant(tmp_path, kw):
+    c = _cfg(tmp_path, **kw)
+    assert c.activation_checkpointing and c.gradient_checkpointing
+    assert c.activation_checkpointing_kwargs["use_reentrant"] is False
+    assert c.gradient_checkpointing_kwargs == c.activation_checkpointing_kwargs  # TRL reads the old name
+    assert c.activation_checkpointing_kwargs.get("debug", False) is False
+
+
+def test_reentrant_checkpointing_is_refused_under_the_old_name_too(tmp_path):
+    with pytest.raises(ValueError, match=r"^OBLRGRPOConfig: activation_checkpointing_kwargs=.*use_reentrant=False"):
+        _cfg(tmp_path, gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})
+    assert _cfg(tmp_path, activation_checkpointing_kwargs={"use_reentrant": True}).activation_checkpointing is False
 
 
 def test_every_rule_has_a_case():

@@ -12,9 +12,14 @@ Added fields (everything else is TRL's, used exactly as in ``GRPOConfig``):
   ``oblr_schedule_options``: that schedule's own options (``auto``: max_change, scale_ema, probe, confidence).
   The same schedule objects as ``oblr train`` (:mod:`oblr.schedules`), fed the same unclamped statistics.
 
+Activation checkpointing (``activation_checkpointing=True``, or its deprecated alias ``gradient_checkpointing``) is
+accepted non-reentrant: ``use_reentrant=False`` is added to ``activation_checkpointing_kwargs`` when not given, and
+``use_reentrant=True`` is refused; the update core then runs on the two-pass norm engine
+(:class:`oblr.gradnorm.TwoPassBookKeeper`). It stays off by default (TRL turns it on), since it costs recomputation.
+
 Defaults that differ from ``GRPOConfig`` are the compatible values (``loss_type="dr_grpo"``,
-``scale_rewards="none"``, ``gradient_checkpointing=False``, ``lr_scheduler_type="constant"``,
-``router_aux_loss_coef=0.0``), so ``OBLRGRPOConfig(output_dir=..., per_device_train_batch_size=...,
+``scale_rewards="none"``, ``lr_scheduler_type="constant"``, ``router_aux_loss_coef=0.0``) and
+``gradient_checkpointing=False``, so ``OBLRGRPOConfig(output_dir=..., per_device_train_batch_size=...,
 num_generations=...)`` works as it stands. A value that would make the estimator biased or S and V wrong
 (:data:`RULES`, read from TRL 1.16's ``GRPOConfig``/``GRPOTrainer``; docs/trl.md explains each) is refused
 in ``__post_init__`` with one line naming the setting and the value to use.
@@ -121,8 +126,11 @@ RULES: tuple[Rule, ...] = (
          "vllm_importance_sampling_mode='sequence_mask' or 'sequence_truncate'",
          "token-level ratios weight the tokens of a sequence differently, so its gradient is no longer a "
          "multiple of its score s_i"),
-    Rule("gradient_checkpointing", lambda c: not c.gradient_checkpointing, "gradient_checkpointing=False",
-         "the norm pass keeps every layer's input anyway and does not support recomputed layers"),
+    Rule("activation_checkpointing_kwargs", lambda c: not c.activation_checkpointing
+         or (c.activation_checkpointing_kwargs or {}).get("use_reentrant") is not True,
+         "use_reentrant=False (the default oblr sets when it is not given)",
+         "reentrant checkpointing recomputes layers outside autograd's graph, where the two-pass norm engine "
+         "cannot see them"),
     Rule("fp16", lambda c: not c.fp16, "bf16=True or float32",
          "oblr writes unscaled gradients, which fp16 loss scaling would divide again"),
     Rule("torch_compile", lambda c: not c.torch_compile, "torch_compile=False",
@@ -193,7 +201,9 @@ class OBLRGRPOConfig(GRPOConfig):
     # TRL defaults replaced by the compatible values
     loss_type: str = field(default="dr_grpo", metadata={"help": "must be dr_grpo (constant normalisation)"})
     scale_rewards: str = field(default="none", metadata={"help": "must be none (no std scaling)"})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "must be False (norm pass)"})
+    gradient_checkpointing: bool | None = field(default=False, metadata={
+        "help": "deprecated alias of activation_checkpointing (off by default: on, the two-pass norm engine "
+                "recomputes the layers twice)"})
     lr_scheduler_type: str = field(default="constant", metadata={
         "help": "constant with the SNR learning rate; any with oblr_snr_lr=False"})
     router_aux_loss_coef: float | None = field(default=0.0, metadata={"help": "must be 0 (MoE aux loss)"})
@@ -202,6 +212,10 @@ class OBLRGRPOConfig(GRPOConfig):
         if isinstance(self.learning_rate, str) and self.learning_rate.strip().lower() == "auto":
             self.oblr_lr_schedule, self.learning_rate = "auto", AUTO_GUESS
         super().__post_init__()
+        if self.activation_checkpointing:  # non-reentrant unless the user said otherwise (refused below)
+            kw = dict(self.activation_checkpointing_kwargs or {})
+            kw.setdefault("use_reentrant", False)
+            self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs = kw
         msg = refusal(self)
         if msg is not None:
             raise ValueError(msg)

@@ -31,6 +31,7 @@ Every rank sets the same lr on its optimizer every optimizer step. The SNR contr
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,7 @@ from trl.trainer.utils import use_adapter
 
 from oblr.distributed.collectives import all_reduce_grads, all_reduce_sum
 from oblr.distributed.collectives import grad_sq_norm as global_grad_sq_norm
-from oblr.gradnorm import BookKeeper
+from oblr.gradnorm import make_book
 from oblr.schedules import make_lr_controller
 from oblr.snr import snr_statistics
 from oblr.update import UpdateSettings, accumulate_policy_gradient, trainable_params
@@ -123,7 +124,11 @@ class OBLRGRPOTrainer(GRPOTrainer):
         if self.is_fsdp_enabled:
             raise ValueError("OBLRGRPOTrainer: FSDP is not supported (the norm pass needs whole layers); use "
                              "DeepSpeed ZeRO-3 (accelerate config with a deepspeed_plugin)")
-        self._oblr_book = BookKeeper(self.model)  # fails now, naming the module, if a layer has no rule
+        if args.activation_checkpointing and self.is_deepspeed_enabled and args.deepspeed_plugin.zero_stage == 3:
+            raise ValueError("OBLRGRPOTrainer: activation_checkpointing=True is not supported under DeepSpeed ZeRO-3 "
+                             "(untested there, and TRL forces reentrant checkpointing for peft models); use "
+                             "activation_checkpointing=False or ZeRO-1/2")
+        make_book(self.model)  # fails now, naming the module, if a layer has no rule
         self._oblr_fold = not self.is_deepspeed_enabled
         self._oblr_check_kl()
         self._oblr_rewards_per_func = None
@@ -230,6 +235,18 @@ class OBLRGRPOTrainer(GRPOTrainer):
             seq_scale=scale,
         )
 
+    @contextmanager
+    def _oblr_core_model(self):
+        """The unwrapped model the update core runs on. With activation checkpointing on (never with ZeRO-3, refused
+        in ``__init__``) it is the model as it is, checkpointing included, so the core picks the two-pass engine
+        (:func:`oblr.gradnorm.make_book`); TRL's ``unwrap_model_for_generation`` would switch checkpointing off
+        inside and re-enable it without its kwargs. Otherwise TRL's context (under ZeRO-3 it gathers the weights)."""
+        if self.args.activation_checkpointing:
+            yield self.accelerator.unwrap_model(self.model_wrapped)
+            return
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as model:
+            yield model
+
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
         if not self.model.training:  # evaluation: TRL's own advantages and loss
@@ -242,7 +259,7 @@ class OBLRGRPOTrainer(GRPOTrainer):
                                   kl_coef=float(self.beta), micro_batch_groups=max(1, self.args.per_device_train_batch_size // G),
                                   need_snr=self.args.oblr_snr_lr, assemble_grad=self._oblr_fold)
         n_prompts = self.args.generation_batch_size // G
-        with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as model:
+        with self._oblr_core_model() as model:
             res = accumulate_policy_gradient(model, batch, batch.rewards, settings, seq_scale=batch.seq_scale,
                                              n_prompts=n_prompts, autocast=self.accelerator.autocast,
                                              ref_model=self._oblr_reference(model) if self.beta else None)

@@ -1,0 +1,122 @@
+"""OBLRGRPOTrainer with activation checkpointing on (non-reentrant): the update core runs on the two-pass norm
+engine and w_i, the advantages and the gradient still match the one-sequence-at-a-time reference, for full
+fine-tuning with gradient accumulation 2, LoRA (also with the KL term), and the DeepSpeed code path (forced on CPU)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+import oblr.update  # noqa: E402
+from oblr.gradnorm import TwoPassBookKeeper  # noqa: E402
+from oblr.models import load_model_and_tokenizer  # noqa: E402
+
+from .test_trl_trainer import FULL, _check_round_against_reference, _run  # noqa: E402
+from .trl_helpers import frozen_copy, make_trainer, rel_err  # noqa: E402
+
+CKPT = dict(FULL, activation_checkpointing=True)
+
+
+@pytest.fixture
+def books(monkeypatch):
+    """The engines the update core builds (their types), recorded through ``oblr.update.make_book``."""
+    made, orig = [], oblr.update.make_book
+
+    def spy(*a, **kw):
+        book = orig(*a, **kw)
+        made.append(type(book))
+        return book
+
+    monkeypatch.setattr(oblr.update, "make_book", spy)
+    return made
+
+
+def _checkpointed(trainer):
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in trainer.model.modules())
+
+
+@pytest.fixture(scope="module")
+def ckpt_run(trl_model, tmp_path_factory):
+    """The folded path with checkpointing on, full fine-tuning, GA 2, and a frozen copy of its initial weights."""
+    model, tok = load_model_and_tokenizer(trl_model)
+    trainer = make_trainer(model, tok, tmp_path_factory.mktemp("ckpt"), **CKPT)
+    assert trainer.args.activation_checkpointing_kwargs == {"use_reentrant": False}
+    reference = frozen_copy(trainer, lambda: load_model_and_tokenizer(trl_model)[0])
+    made, orig = [], oblr.update.make_book
+    oblr.update.make_book = lambda *a, **kw: made.append(orig(*a, **kw)) or made[-1]
+    try:
+        rounds, grads = _run(trainer)
+    finally:
+        oblr.update.make_book = orig
+    return SimpleNamespace(trainer=trainer, reference=reference, rounds=rounds, grads=grads, books=made)
+
+
+def test_full_finetuning_with_checkpointing_matches_one_at_a_time_reference(ckpt_run):
+    trainer = ckpt_run.trainer
+    assert ckpt_run.books and all(isinstance(b, TwoPassBookKeeper) for b in ckpt_run.books)
+    assert _checkpointed(trainer)  # on (Trainer.train enables it), still on after generation switched it off
+    assert len(ckpt_run.rounds) == 2 and len(ckpt_run.grads) == 2
+    batch, res = ckpt_run.rounds[0]
+    assert batch.input_ids.shape[0] == 16 and res.per_prompt_sq_norms.shape == (4,)  # GA 2: two chunks
+    _check_round_against_reference(batch, res, ckpt_run.grads[0], ckpt_run.reference, trainer.num_generations,
+                                   temperature=0.7)
+    for logs in trainer.state.log_history[:2]:
+        assert logs["learning_rate"] == pytest.approx(logs["oblr/lr"]) and logs["oblr/V"] > 0
+
+
+def test_lora_with_checkpointing_matches_one_at_a_time_reference(trl_model, tmp_path, books):
+    peft = pytest.importorskip("peft")
+    model, tok = load_model_and_tokenizer(trl_model)
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM")
+    trainer = make_trainer(model, tok, tmp_path, peft_config=cfg, gradient_checkpointing=True)  # the old name
+    assert trainer.args.activation_checkpointing
+    with torch.no_grad():
+        for n, p in trainer.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    reference = frozen_copy(trainer, lambda: peft.get_peft_model(load_model_and_tokenizer(trl_model)[0], cfg))
+    rounds, grads = _run(trainer)
+    assert books and all(b is TwoPassBookKeeper for b in books) and _checkpointed(trainer)
+    _check_round_against_reference(*rounds[0], grads[0], reference, trainer.num_generations, temperature=1.0)
+
+
+def test_deepspeed_path_with_checkpointing_matches_the_folded_path(ckpt_run, trl_model, tmp_path, books):
+    """Under DeepSpeed the core only runs the norm pass (group norms, no gradient pass) and TRL's own loss and
+    backward make the gradient, recomputing the checkpointed layers with no Tap left on them."""
+    model, tok = load_model_and_tokenizer(trl_model)
+    trainer = make_trainer(model, tok, tmp_path, **CKPT)
+    trainer._oblr_fold = False
+    rounds, grads = _run(trainer)
+    assert books and all(b is TwoPassBookKeeper for b in books)
+    taps = [h for m in trainer.model.modules() for h in m._forward_hooks.values() if "_tap_hook" in h.__qualname__]
+    assert not taps  # the Taps' hooks are gone before TRL's own forward and backward
+    for (a, _), (b, rb) in zip(ckpt_run.rounds, rounds):
+        assert torch.equal(a.input_ids, b.input_ids)
+    for ga, gb in zip(ckpt_run.grads, grads):
+        assert rel_err(gb, ga) < 1e-4
+    for la, lb in zip(ckpt_run.trainer.state.log_history[:2], trainer.state.log_history[:2]):
+        for key in ("oblr/S", "oblr/V", "oblr/lr", "oblr/grad_norm"):
+            assert lb[key] == pytest.approx(la[key], rel=1e-4, abs=1e-12), key
+
+
+def test_kl_lora_with_checkpointing_matches_the_reference(trl_model, tmp_path, books):
+    """beta > 0 with a peft model: the reference is the same checkpointed model with its adapters off, and the
+    core runs two norm passes (s_i, then obj_i with its KL term) before the gradient pass."""
+    from .test_trl_kl_top_p import BETA, _check, _token_logprobs
+
+    peft = pytest.importorskip("peft")
+    model, tok = load_model_and_tokenizer(trl_model)
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM")
+    trainer = make_trainer(model, tok, tmp_path, beta=BETA, peft_config=cfg, activation_checkpointing=True)
+    with torch.no_grad():
+        for n, p in trainer.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    policy = frozen_copy(trainer, lambda: peft.get_peft_model(load_model_and_tokenizer(trl_model)[0], cfg))
+    base = load_model_and_tokenizer(trl_model)[0].eval()
+    _check(trainer, policy, lambda ids, t, p: _token_logprobs(base, ids, t, p), 1.0, 1.0, BETA)
+    assert books and all(b is TwoPassBookKeeper for b in books) and _checkpointed(trainer)
