@@ -174,13 +174,17 @@ class BookKeeper:
         return list(hooked.values())
 
     # ------------------------------------------------------------------ recording
-    @contextmanager
-    def record(self):
-        """Install hooks and switch weight gradients off; everything is restored in ``finally``."""
+    def _begin_record(self) -> list[_Hooked]:
+        """Start of every ``record()``: refuse re-entry, drop the previous record, plan the hooks."""
         if self._recording:
             raise RuntimeError("BookKeeper.record() is not re-entrant")
         self.clear()
-        hooked = self._plan()
+        return self._plan()
+
+    @contextmanager
+    def record(self):
+        """Install hooks and switch weight gradients off; everything is restored in ``finally``."""
+        hooked = self._begin_record()
         flipped = [e.param for e in self._entries if not e.fallback]
         handles = []
         try:

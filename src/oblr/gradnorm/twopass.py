@@ -91,10 +91,7 @@ class TwoPassBookKeeper(BookKeeper):
     @contextmanager
     def record(self):
         """Install the Tap hooks; the forward pass runs inside. Hooks stay until the gradient pass or clear()."""
-        if self._recording:
-            raise RuntimeError("BookKeeper.record() is not re-entrant")
-        self.clear()
-        hooked = self._plan()
+        hooked = self._begin_record()
         self._dummy = torch.zeros((), requires_grad=True)
         self._calls = {}
         try:
