@@ -1,0 +1,90 @@
+"""benchmarks/task_claims.py on fake run folders: the per-task grid is a valid oblr compare grid on that task
+(the sweep's folder names, the comparison first), points grouped by (method, lr), the cross-task table's
+best fixed rate, auto's worst guess and the beyond-seed-noise verdicts, and mixed protocols refused."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import task_claims as tc
+
+from oblr.config import Config, save_config
+from oblr.experiments.grid import load_grid, plan_grid
+
+
+def _fake_run(root: Path, method: str, lr: float, seed: int, final: float | None, steps: int = 100):
+    d = root / tc.lrs.point_name(method, "adamw", lr) / f"seed{seed}"
+    d.mkdir(parents=True)
+    cfg = Config()
+    for k, v in {**tc.METHODS[method], "optim.optimizer": "adamw", "optim.lr": lr, "train.seed": seed,
+                 "train.steps": steps, "train.output_dir": str(d)}.items():
+        sec, key = k.split(".")
+        setattr(getattr(cfg, sec), key, v)
+    save_config(cfg, d / "config.yaml")
+    if final is not None:
+        (d / "summary.json").write_text(json.dumps({"eval_accuracy_final": final}))
+    return d
+
+
+def test_grid_is_a_valid_compare_grid_on_the_task_with_the_comparison_first(tmp_path):
+    path = tc.write_grid("countdown", tmp_path, steps=40)
+    plan = plan_grid(load_grid(path), tmp_path / "out")  # validates every config
+    assert len(plan) == 14 * 3
+    assert {p.cfg.task.name for p in plan} == {"countdown"} and {p.cfg.train.steps for p in plan} == {40}
+    first = list(dict.fromkeys(p.variant for p in plan))[:4]
+    assert first == [tc.lrs.point_name(m, "adamw", lr) for m, lr in tc.COMPARISON]
+    assert {"oblr-auto-adamw-lr1e-05", "oblr-snr-adamw-lr0.01", "grpo-const-adamw-lr0.001"} <= {p.variant for p in plan}
+
+
+def test_report_verdicts_best_fixed_rate_and_auto_worst_guess(tmp_path):
+    root = tmp_path / "countdown"
+    for seed, (g, r, o, s) in enumerate([(0.20, 0.30, 0.40, 0.31), (0.22, 0.31, 0.41, 0.29), (0.21, 0.32, 0.42, 0.30)]):
+        _fake_run(root, "grpo-const", 1e-4, seed, g)
+        _fake_run(root, "rloo-const", 1e-4, seed, r)
+        _fake_run(root, "oblr-const", 1e-4, seed, o)
+        _fake_run(root, "oblr-snr", 1e-3, seed, s)
+        _fake_run(root, "grpo-const", 1e-3, seed, 0.25)
+        _fake_run(root, "oblr-auto", 1e-5, seed, 0.15 + 0.01 * seed)
+        _fake_run(root, "oblr-auto", 1e-2, seed, 0.35)
+    _fake_run(root, "grpo-const", 1e-2, 0, None)  # unfinished
+    md = tc.report({"countdown": [root]}, tmp_path / "out")
+    row = next(line for line in md.splitlines() if line.startswith("| countdown |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "100"
+    assert cells[2].startswith("0.001: 25.0 ± 0.0 (3)")  # the best grpo-const rate
+    assert cells[3].startswith("guess 1e-05: 16.0 ± 1.0 (3)")  # auto's worst initial guess
+    # oblr-const vs rloo-const: +10 points, se ~0.8 -> beats; vs grpo-const beats; oblr-snr vs rloo: -1 within noise
+    assert cells[4].startswith("beats (+10.0") and cells[5].startswith("beats (+") and cells[6].startswith("within noise")
+    assert cells[7].startswith("beats (+")
+    assert "| 0.01 | missing; unfinished [0] | – | 35.0 ± 0.0 (3) |" in md
+    assert (tmp_path / "out" / "task_claims.png").stat().st_size > 1000
+
+
+def test_behind_and_too_few_seeds():
+    a = {"final": [0.10, 0.11, 0.12], "missing": []}
+    b = {"final": [0.30, 0.31, 0.32], "missing": []}
+    assert tc.verdict(a, b).startswith("behind (-20.0")
+    assert tc.verdict({"final": [0.5], "missing": []}, b) == "too few seeds"
+
+
+def test_one_task_mixing_protocols_is_refused(tmp_path):
+    _fake_run(tmp_path, "grpo-const", 1e-4, 0, 0.2, steps=100)
+    _fake_run(tmp_path, "grpo-const", 1e-4, 1, 0.2, steps=200)
+    with pytest.raises(SystemExit, match="mix protocols"):
+        tc.collect([tmp_path])
+
+
+def test_splice_replaces_its_section_and_keeps_the_rest(tmp_path):
+    doc = tmp_path / "results.md"
+    doc.write_text("# R\n\nintro\n\n## Reading\n\ntext\n")
+    tc.splice(doc, "## The claims per task (generated)\n\n![x](task_claims.png)\nA\n", "results/task-claims")
+    tc.splice(doc, "## The claims per task (generated)\n\n![x](task_claims.png)\nB\n", "results/task-claims")
+    text = doc.read_text()
+    assert text.count(tc.BEGIN) == 1 and "\nB\n" in text and "\nA\n" not in text
+    assert "](results/task-claims/task_claims.png)" in text and text.index(tc.END) < text.index("## Reading")
