@@ -74,6 +74,8 @@ def _checkpointing(model, on: bool) -> None:
         enable_activation_checkpointing(model)
     else:
         model.activation_checkpointing_disable()
+        if hasattr(model, "_require_grads_hook"):  # enabling added it (embedding outputs require grad)
+            model.disable_input_require_grads()
 
 
 def _update(model, batch, rewards, case: Case, **kw):
@@ -198,6 +200,9 @@ def main(argv=None) -> dict:
     if args.response_len is not None and args.response_len < 1:
         ap.error("--response-len must be >= 1")
     device = torch.device(dev_name)
+    if dev_name == "cuda":  # the exactness check is float32: no TF32 products
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     report = dict(device=torch.cuda.get_device_name(device) if dev_name == "cuda" else "cpu",
                   torch=torch.__version__, tiny=args.tiny, rtol=RTOL)

@@ -29,12 +29,15 @@ def test_case_names_give_the_measured_shapes():
 def test_reads_every_committed_table():
     tables = flop_ratios.parse_tables(flop_ratios.DEFAULT_RESULTS)
     ckpt = [t for t in tables if "oblr_ckpt" in t["rows"]]
-    assert len(tables) == 6 and len(ckpt) == 1  # 5 whole-batch/micro-batch cases + the checkpointing case
-    assert ckpt[0]["rows"]["oblr_ckpt"] == (8.340, 1.78)
+    # docs/performance.md: 5 cases (whole batch, micro-batches); results/step_cost/checkpointing.md: 1 case
+    assert len(tables) >= 6 and len(ckpt) >= 1
+    assert all(t["rows"]["grpo"][1] == 1.0 for t in tables)
     rows = flop_ratios.comparison_rows(tables)
+    assert {(r["plan"], r["base"]) for r in rows} == {("oblr", "grpo"), ("grpo_ckpt", "grpo"), ("oblr_ckpt", "grpo"),
+                                                       ("oblr_ckpt", "grpo_ckpt")}
     pair = next(r for r in rows if r["plan"] == "oblr_ckpt" and r["base"] == "grpo_ckpt")
-    assert pair["measured"] == pytest.approx(8.340 / 5.413)
-    assert 1.7 < pair["predicted"] < 1.9
+    assert pair["measured"] == pytest.approx(ckpt[0]["rows"]["oblr_ckpt"][0] / ckpt[0]["rows"]["grpo_ckpt"][0])
+    assert 1.7 < pair["predicted"] < 1.9  # one more recomputation and activation-only backward than grpo_ckpt
 
 
 def test_doc_section_is_the_scripts_output_and_the_header_is_memory_pys():
