@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import flop_ratios  # noqa: E402
+
 from oblr import memory_model as mm  # noqa: E402
 
 PROMPT = 16
@@ -60,6 +62,13 @@ copy too, not counted); FSDP2 over 8 GPUs with bf16 sharded parameters and gradi
 (master copy + two moments) sharded, two gathered layers and the gathered embedding (and `lm_head`)
 resident; 80 GB (decimal) per GPU; no CUDA allocator overhead, no NCCL buffers, no rollout engine sharing
 the GPU. A micro-batch of 0 means one sequence does not fit without checkpointing.
+
+On a GPU (not run: no GPU was lent to this work): `python benchmarks/gpu/memory_check.py --out FILE` checks
+the two-pass engine with checkpointing against the loop reference (w_i, advantages, gradient, group norms,
+S, V, learning rate; float32) and measures `torch.cuda.max_memory_allocated` of a step against this model
+for Qwen3-0.6B- and Qwen3-4B-shaped models (random init, bf16, 4 sequences of 1024 tokens; 4B with
+checkpointing only). **It has not been run on a GPU**; only its CPU path (`--dry-run`, tiny shapes) runs, in
+the test suite (tests/scripts/test_gpu_memory_check.py).
 
 Where the model misses: at short responses and the widest case (hidden 256, T = 16+256) the checkpointed
 plans measure ~17 % below the prediction (and `oblr_ckpt` at hidden 128, T = 16+256, in `--quick`, ~16 %):
@@ -132,6 +141,17 @@ def projection_table(tokens=(1024, 4096, 8192), budget_gb: float = 80.0, world: 
     return "\n".join(out)
 
 
+def write_doc(path: Path, tables: str) -> None:
+    """docs/scale.md: ``DOC_HEADER`` and ``tables``, then the FLOP section that ``flop_ratios.py`` owns, kept
+    as it is in the file."""
+    text = DOC_HEADER + "\n" + tables.replace("## ", "### ") + "\n"
+    old = path.read_text() if path.exists() else ""
+    if flop_ratios.BEGIN in old and flop_ratios.END in old:
+        kept = old.split(flop_ratios.BEGIN, 1)[1].split(flop_ratios.END, 1)[0]
+        text += "\n" + flop_ratios.BEGIN + kept + flop_ratios.END + "\n"
+    path.write_text(text)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="two small cases, measured vs predicted")
@@ -160,7 +180,7 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / ("quick.md" if args.quick else "summary.md")).write_text(out + "\n")
     if args.doc:
-        args.doc.write_text(DOC_HEADER + "\n" + out.replace("## ", "### ") + "\n")
+        write_doc(args.doc, out)
     return 0
 
 

@@ -1,0 +1,234 @@
+"""Issue 26 on one GPU: exact OBLR-PO under activation checkpointing, and measured step peaks against the memory model.
+
+    PYTHONPATH=src python3 benchmarks/gpu/memory_check.py --out memory_check.json     # CUDA: the full check
+    PYTHONPATH=src python3 benchmarks/gpu/memory_check.py --dry-run --out x.json      # = --device cpu --tiny (tested)
+
+1. **exactness** -- on a small Qwen3-shaped model (``EXACT_CASE``: 4 layers, hidden 256, vocab 4096, N = 3
+   prompts x G = 4, float32) with Hugging Face non-reentrant activation checkpointing on, one update
+   (:func:`oblr.update.accumulate_policy_gradient`, baseline ``oblr``, SNR on) with the two-pass engine
+   (``norms_method=auto``: :class:`oblr.gradnorm.TwoPassBookKeeper`) against the loop reference
+   (``norms_method=loop``: one backward per sequence), whole batch and with micro-batches of one group.
+   Compared, as max relative error: ``w_i``, advantages, ``.grad``, per-prompt norms, V; S relative to
+   ``||gbar||^2 = S + V/N`` (S is the difference ``||gbar||^2 - V/N`` and loses the digits that cancel; the
+   plain relative errors are written too); the SNR learning rate ``eta_max * snr_factor(S, V, N)`` relative
+   to ``eta_max``. Passes at 1e-5 (float32).
+2. **memory** -- random-init models built from Qwen3 configs (``oblr.memory_model.QWEN3``), bf16, one
+   micro-batch of ``--seqs`` sequences (2 prompts x 2) of 32 + 992 = 1024 tokens: Qwen3-0.6B shape with
+   ``grpo``, ``oblr`` (one pass), ``grpo_ckpt`` and ``oblr_ckpt`` (two-pass, checkpointing on); Qwen3-4B
+   shape with the checkpointed plans only. Measured: ``torch.cuda.max_memory_allocated`` during the
+   gradient accumulation (gradients created inside it, no optimizer) minus what was allocated before;
+   predicted: :func:`oblr.memory_model.step_peak_bytes` (bf16 activations and gradients). On CPU the peak
+   is torch's CPU allocator's, as ``benchmarks/memory.py`` measures it.
+
+The tiny CPU mode runs the same code on small shapes so that the script cannot rot; its memory rows are
+not a test of the model at scale. Needs torch, transformers and this checkout's ``src/`` on ``PYTHONPATH``;
+no network, no weights. Everything is written as JSON to ``--out`` and summarised on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from step_methods import Case, build_batch, build_model  # noqa: E402
+
+from oblr import memory_model as mm  # noqa: E402
+
+RTOL = 1e-5
+ETA_MAX = 1e-3
+EXACT_CASE = Case(hidden=256, layers=4, vocab=4096, prompt_len=32, response_len=64, n_prompts=3, group_size=4,
+                  heads=4, kv_heads=2, head_dim=64, intermediate=768, tied=True)
+EXACT_TINY = Case(hidden=64, layers=2, vocab=256, prompt_len=6, response_len=10, n_prompts=3, group_size=4)
+CKPT_PLANS = ("grpo_ckpt", "oblr_ckpt")
+# (label, shape, plans); tiny: small shapes of the same structure
+MEMORY_CASES = [("Qwen3-0.6B", mm.QWEN3["Qwen3-0.6B"], mm.PLANS), ("Qwen3-4B", mm.QWEN3["Qwen3-4B"], CKPT_PLANS)]
+MEMORY_TINY = [("tiny tied", mm.Shape(2, 64, 192, 4, 2, 16, 512, True), mm.PLANS),
+               ("tiny untied", mm.Shape(2, 96, 288, 4, 2, 24, 512, False), CKPT_PLANS)]
+
+
+def case_of(shape: mm.Shape, prompt_len: int, response_len: int, n_prompts: int, group_size: int) -> Case:
+    return Case(hidden=shape.hidden, layers=shape.layers, vocab=shape.vocab, prompt_len=prompt_len,
+                response_len=response_len, n_prompts=n_prompts, group_size=group_size, tied=shape.tied,
+                heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim, intermediate=shape.intermediate)
+
+
+def _batch(case: Case, device: torch.device):
+    batch, rewards = build_batch(case)
+    return SimpleNamespace(**{k: v.to(device) for k, v in vars(batch).items()}), rewards.to(device)
+
+
+def _checkpointing(model, on: bool) -> None:
+    from oblr.models import enable_activation_checkpointing
+
+    if on:
+        enable_activation_checkpointing(model)
+    else:
+        model.activation_checkpointing_disable()
+        if hasattr(model, "_require_grads_hook"):  # enabling added it (embedding outputs require grad)
+            model.disable_input_require_grads()
+
+
+def _update(model, batch, rewards, case: Case, **kw):
+    from oblr.update import UpdateSettings, accumulate_policy_gradient
+
+    for p in model.parameters():
+        p.grad = None
+    settings = UpdateSettings(aggregation="seq_sum_const", max_len=case.response_len, **kw)
+    return accumulate_policy_gradient(model, batch, rewards, settings)
+
+
+def _rel(a, b) -> float:
+    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+def check_exactness(case: Case, device: torch.device) -> dict:
+    """Two-pass engine vs the loop, checkpointing on, float32; whole batch and micro-batches of one group."""
+    from oblr.snr import snr_factor
+
+    model = build_model(case, dtype=torch.float32, device=str(device))
+    _checkpointing(model, True)
+    batch, rewards = _batch(case, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = {}
+    for micro in (0, 1):
+        runs = {}
+        for method in ("loop", "auto"):
+            res = _update(model, batch, rewards, case, baseline="oblr", norms_method=method, micro_batch_groups=micro)
+            lr = ETA_MAX * snr_factor(float(res.snr.S), float(res.snr.V), case.n_prompts)
+            runs[method] = dict(w=res.estimate.weights.detach(), adv=res.advantages, gk=res.per_prompt_sq_norms,
+                                grad=torch.cat([p.grad.reshape(-1).float() for p in params]),
+                                S=res.snr.S, V=res.snr.V, lr=lr)
+        ref, got = runs["loop"], runs["auto"]
+        errs = {k: _rel(got[k], ref[k]) for k in ("w", "adv", "grad", "gk")}
+        # S = ||gbar||^2 - V/N is a difference: its error is measured on the scale of ||gbar||^2 = S + V/N, and
+        # the learning rate's on the scale of eta_max (the factor S / (S + V/N) lies in [0, 1])
+        scale = float(ref["S"] + ref["V"] / case.n_prompts)
+        errs["S"] = abs(float(got["S"] - ref["S"])) / scale
+        errs["V"] = _rel(got["V"], ref["V"])
+        errs["lr"] = abs(got["lr"] - ref["lr"]) / ETA_MAX
+        raw = {k: _rel(got[k], ref[k]) for k in ("S", "lr")}
+        out[f"micro_batch_groups={micro}"] = dict(errors=errs, plain_relative_errors=raw, max_error=max(errs.values()),
+                                                  passed=max(errs.values()) <= RTOL,
+                                                  values=dict(S=float(ref["S"]), V=float(ref["V"]), lr=ref["lr"]))
+    return out
+
+
+def _peak_cpu(fn) -> float:
+    from step_cost import _peak_bytes
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return _peak_bytes(prof)
+
+
+def _peak_cuda(fn, device: torch.device) -> float:
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return float(torch.cuda.max_memory_allocated(device) - before)
+
+
+def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.device) -> list[dict]:
+    """Measured step peak above the resident model and batch vs ``memory_model.step_peak_bytes`` (bf16)."""
+    model = build_model(case, dtype=torch.bfloat16, device=str(device))
+    n = sum(p.numel() for p in model.parameters())
+    if n != mm.n_params(shape):
+        raise RuntimeError(f"{label}: memory model counts {mm.n_params(shape)} parameters, the model has {n}")
+    batch, rewards = _batch(case, device)
+    B, T = case.n_prompts * case.group_size, case.prompt_len + case.response_len
+    rows = []
+    for plan in plans:
+        _checkpointing(model, plan.endswith("_ckpt"))
+        base = "grpo" if plan.startswith("grpo") else "oblr"
+
+        step = partial(_update, model, batch, rewards, case, baseline=base, need_snr=base == "oblr")
+
+        for p in model.parameters():
+            p.grad = None
+        t0 = time.perf_counter()
+        measured = _peak_cuda(step, device) if device.type == "cuda" else _peak_cpu(step)
+        seconds = time.perf_counter() - t0
+        predicted = mm.step_peak_bytes(shape, plan, B, T, act_bytes=2, grad_bytes=2)
+        rows.append(dict(model=label, plan=plan, batch=B, tokens=T, measured_bytes=measured,
+                         predicted_bytes=predicted, ratio=measured / predicted, seconds=seconds))
+        for p in model.parameters():
+            p.grad = None
+    del model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="JSON results file")
+    ap.add_argument("--device", default="auto", help="auto | cuda | cpu")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (the CPU path the tests run)")
+    ap.add_argument("--dry-run", action="store_true", help="= --device cpu --tiny")
+    ap.add_argument("--response-len", type=int, default=None, help="response tokens of the memory cases "
+                                                                      "(default 992, i.e. T = 1024; tiny 30)")
+    ap.add_argument("--skip", default="", help="comma-separated: exactness, memory")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        args.device, args.tiny = "cpu", True
+    if args.device not in ("auto", "cuda", "cpu"):
+        ap.error(f"--device must be auto, cuda or cpu, got {args.device!r}")
+    skip = {s for s in args.skip.split(",") if s}
+    if skip - {"exactness", "memory"}:
+        ap.error(f"--skip takes exactness and/or memory, got {sorted(skip)}")
+    dev_name = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if dev_name == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: CUDA is not available here (use --dry-run for the CPU path)")
+    if dev_name == "cpu" and not args.tiny:
+        ap.error("the full-size check needs a CUDA GPU; on CPU run --tiny (or --dry-run)")
+    if args.response_len is not None and args.response_len < 1:
+        ap.error("--response-len must be >= 1")
+    device = torch.device(dev_name)
+    if dev_name == "cuda":  # the exactness check is float32: no TF32 products
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    report = dict(device=torch.cuda.get_device_name(device) if dev_name == "cuda" else "cpu",
+                  torch=torch.__version__, tiny=args.tiny, rtol=RTOL)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if "exactness" not in skip:
+        case = EXACT_TINY if args.tiny else EXACT_CASE
+        log(f"exactness: {case.name}")
+        report["exactness"] = dict(case=case.name, **check_exactness(case, device))
+    if "memory" not in skip:
+        resp = args.response_len or (30 if args.tiny else 992)
+        report["memory"] = []
+        for label, shape, plans in (MEMORY_TINY if args.tiny else MEMORY_CASES):
+            case = case_of(shape, 2 if args.tiny else 32, resp, 2, 2)
+            log(f"memory: {label}, T = {case.prompt_len}+{resp}, plans {', '.join(plans)}")
+            report["memory"] += check_memory(label, shape, plans, case, device)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=float) + "\n")
+    for k, v in report.get("exactness", {}).items():
+        if isinstance(v, dict):
+            print(f"exactness {k}: max rel error {v['max_error']:.2e} ({'ok' if v['passed'] else 'FAILED'} at {RTOL:g})")
+    for r in report.get("memory", []):
+        print(f"memory {r['model']} {r['plan']}: B={r['batch']} T={r['tokens']} measured {r['measured_bytes'] / 2**30:.3f} "
+              f"GiB, predicted {r['predicted_bytes'] / 2**30:.3f} GiB, measured/predicted {r['ratio']:.3f}")
+    return report
+
+
+if __name__ == "__main__":
+    rep = main()
+    raise SystemExit(0 if all(v["passed"] for v in rep.get("exactness", {}).values() if isinstance(v, dict)) else 1)

@@ -1,0 +1,83 @@
+"""benchmarks/gpu/memory_check.py cannot rot: its CPU path (--dry-run = --device cpu --tiny) runs the exactness
+check of the checkpointed two-pass update against the loop and the measured-vs-predicted peaks on tiny shapes;
+and it refuses settings it cannot run in one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH / "gpu"))
+
+
+@pytest.fixture
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_dry_run_checks_exactness_and_writes_every_memory_row(one_thread, tmp_path):
+    import memory_check
+
+    from oblr import memory_model as mm
+
+    out = tmp_path / "mc.json"
+    rep = memory_check.main(["--dry-run", "--out", str(out)])
+    assert json.loads(out.read_text())["device"] == "cpu" and rep["tiny"]
+    ex = rep["exactness"]
+    for key in ("micro_batch_groups=0", "micro_batch_groups=1"):
+        assert set(ex[key]["errors"]) == {"w", "adv", "grad", "gk", "S", "V", "lr"}
+        assert ex[key]["passed"] and ex[key]["max_error"] <= memory_check.RTOL, ex[key]
+        assert ex[key]["values"]["S"] > 0  # a step with signal, so S and the lr are really compared
+    rows = rep["memory"]
+    assert [(r["model"], r["plan"]) for r in rows] == [(label, p) for label, _, plans in memory_check.MEMORY_TINY
+                                                       for p in plans]
+    for r, (_, shape, _) in zip(rows, [c for c in memory_check.MEMORY_TINY for _ in c[2]]):
+        assert r["measured_bytes"] > 0
+        assert r["predicted_bytes"] == mm.step_peak_bytes(shape, r["plan"], r["batch"], r["tokens"], act_bytes=2,
+                                                          grad_bytes=2)
+        assert r["ratio"] == pytest.approx(r["measured_bytes"] / r["predicted_bytes"])
+
+
+def test_a_wrong_exactness_would_fail(one_thread, monkeypatch, tmp_path):
+    """The comparison is live: a two-pass engine that drops one layer's contribution fails the check."""
+    import memory_check
+
+    from oblr.gradnorm import twopass
+
+    real = twopass.TwoPassBookKeeper._take
+    seen = []
+
+    def drop_first(self, h, x, g):
+        if not seen:
+            seen.append(h.path)
+            return None
+        return real(self, h, x, g)
+
+    monkeypatch.setattr(twopass.TwoPassBookKeeper, "_take", drop_first)
+    rep = memory_check.main(["--dry-run", "--skip", "memory", "--out", str(tmp_path / "x.json")])
+    assert seen and not rep["exactness"]["micro_batch_groups=0"]["passed"]
+
+
+def test_refusals(tmp_path, capsys):
+    import memory_check
+
+    out = str(tmp_path / "x.json")
+    for argv, msg in ((["--device", "cpu"], "needs a CUDA GPU"), (["--device", "tpu"], "--device must be"),
+                      (["--dry-run", "--skip", "nothing"], "--skip takes"),
+                      (["--dry-run", "--response-len", "0"], "--response-len must be")):
+        with pytest.raises(SystemExit):
+            memory_check.main(argv + ["--out", out])
+        assert msg in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            memory_check.main(["--device", "cuda", "--out", out])
+        assert "CUDA is not available" in capsys.readouterr().err
