@@ -190,7 +190,10 @@ def main(config) -> None:
     from verl.utils.device import auto_set_device
 
     auto_set_device(config)
-    check_run_config(config)
+    try:
+        check_run_config(config)
+    except ValueError as e:  # one line, before Ray starts
+        raise SystemExit(str(e)) from None
     os.environ.setdefault("VERL_USE_EXTERNAL_MODULES", "oblr.integrations.verl")
     run_ppo(config, task_runner_class=OBLRTaskRunner)
 
