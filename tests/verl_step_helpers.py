@@ -28,7 +28,7 @@ N, G, VOCAB = 4, 3, 61
 P_MAX, R_MAX = 5, 6
 STOP, PAD = 12, 0  # tokens below STOP end a response (about one in five draws)
 TEMPERATURE = 0.8
-LR, CLIP = 1e-3, 1.0
+LR, CLIP = 1e-3, 0.1  # the clip is active: the step gradients have norms of about 0.3
 MICRO_ROWS = 2 * G  # ppo_micro_batch_size_per_gpu (rows): two micro-batches on one rank
 
 
