@@ -117,3 +117,53 @@ def test_trainer_hook_puts_the_workers_norm_pass_weights_into_the_batch(monkeypa
     assert h.rel(batch.batch["reward_baselines"], nat["w"]) < 1e-5
     assert h.rel(adv, nat["adv"]) < 1e-5
     assert worker._oblr_lr.pending[1] == h.N and worker._oblr_lr.pending[0] > 0
+
+
+def test_task_runner_maps_the_actor_role_to_the_recipes_worker(config):
+    """verl's legacy TaskRunner, as the recipe subclasses it, gives the actor/rollout role the recipe's worker
+    (verl's Role names print in lower case: the role is matched by its enum name)."""
+    from verl.trainer.ppo.utils import Role
+
+    runner = recipe._TaskRunner()
+    cls, _ = runner.add_actor_rollout_worker(config)
+    assert cls is recipe.OBLRActorRolloutRefWorker
+    actors = [r for r in runner.role_worker_mapping if r in (Role.ActorRollout, Role.ActorRolloutRef)]
+    assert len(actors) == 1
+    assert runner.role_worker_mapping[actors[0]].__ray_actor_class__ is recipe.OBLRActorRolloutRefWorker
+
+
+def test_install_learning_rate_reads_verls_optim_config_and_sets_the_lr_before_the_step(config):
+    """What the worker's ``init_model`` does to the actor engine (here verl's own ``FSDPEngine.optimizer_step``
+    on a plain module): eta_max = ``actor.optim.lr``, the recipe's options, and at the next step the lr
+    from the pending S and V inputs, before verl's clip and update."""
+    import torch
+    import verl_step_helpers as h
+
+    from oblr.integrations.verl.actor import norm_pass
+    from oblr.snr import snr_factor
+
+    cfg = copy.deepcopy(config.actor_rollout_ref)
+    OmegaConf.update(cfg, "actor.optim.lr", 3e-4)
+    OmegaConf.update(cfg, "oblr", {"snr_ema": 0.0}, force_add=True)
+    model = h.initial_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1.0, weight_decay=0.0)
+    engine = h.verl_engine(model, opt)
+    lr = recipe.install_learning_rate(cfg, engine)
+    assert lr.controller.inner.eta_max == [3e-4] and lr.controller.inner.ema == 0.0
+    data = h.data_proto(h.sample_rollouts(model, seed=41))
+    norm_pass(model, data, h.actor_config(), rollout_n=h.G, temperature=h.TEMPERATURE)
+    lr.pending_from(data)
+    opt.zero_grad()
+    gk_sum, n = lr.pending
+    numel = sum(p.numel() for p in model.parameters())
+    c = (0.9 * gk_sum / n / numel) ** 0.5  # a gradient with ||gbar||^2 = 0.9 mean_k ||g_k||^2: 0 < S, V
+    for p in model.parameters():
+        p.grad = torch.full_like(p, c)
+    before = [p.detach().clone() for p in model.parameters()]
+    engine.optimizer_step()
+    st = lr.last
+    expected = 3e-4 * snr_factor(float(st.S), float(st.V), st.n)
+    assert opt.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-12) and 0 < expected < 3e-4
+    # the update used it: AdamW's first step moves every coordinate by lr * g / (|g| + eps), here -lr
+    moved = torch.cat([(p.detach() - b).reshape(-1) for p, b in zip(model.parameters(), before)])
+    assert torch.allclose(moved, torch.full_like(moved, -expected), rtol=1e-3)

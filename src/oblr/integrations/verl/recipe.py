@@ -116,6 +116,20 @@ def options(config) -> dict:
             "schedule_options": dict(o.get("schedule_options", {}) or {})}
 
 
+def install_learning_rate(config, engine) -> ActorLearningRate:
+    """The recipe's :class:`ActorLearningRate` on ``engine.optimizer`` from the worker's config
+    (``actor_rollout_ref``: ``actor.optim.lr`` is eta_max, ``actor.optim.clip_grad`` the clip, the ``oblr``
+    options), put in front of ``engine.optimizer_step``."""
+    o = options(config)
+    optim = config.actor.optim
+    lr = ActorLearningRate(engine.optimizer, o["lr_schedule"], lr=float(optim.lr), eta_min=o["eta_min"], ema=o["ema"],
+                           warmup_steps=o["warmup_steps"],
+                           total_steps=max(1, int(optim.get("total_training_steps", 1) or 1)),
+                           grad_clip=float(optim.get("clip_grad", 0.0) or 0.0), **o["schedule_options"])
+    wrap_optimizer_step(engine, lr)
+    return lr
+
+
 class OBLRActorRolloutRefWorker(ActorRolloutRefWorker):
     """verl's actor/rollout/ref worker with oblr's norm pass and learning rate (module docstring)."""
 
@@ -125,14 +139,7 @@ class OBLRActorRolloutRefWorker(ActorRolloutRefWorker):
         if self.actor is None:
             return
         self._oblr_actor_config = omega_conf_to_dataclass(self.config.actor)
-        engine = self.actor.engine
-        o = options(self.config)
-        optim = self.config.actor.optim
-        self._oblr_lr = ActorLearningRate(engine.optimizer, o["lr_schedule"], lr=float(optim.lr), eta_min=o["eta_min"],
-                                          ema=o["ema"], warmup_steps=o["warmup_steps"],
-                                          total_steps=int(optim.get("total_training_steps", 1) or 1),
-                                          grad_clip=float(optim.get("clip_grad", 0.0) or 0.0), **o["schedule_options"])
-        wrap_optimizer_step(engine, self._oblr_lr)
+        self._oblr_lr = install_learning_rate(self.config, self.actor.engine)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def oblr_norm_pass(self, data: DataProto) -> DataProto:
@@ -169,7 +176,7 @@ class _TaskRunner(TaskRunner.__ray_actor_class__):
     def add_actor_rollout_worker(self, config):
         _, group_cls = super().add_actor_rollout_worker(config)
         for role in list(self.role_worker_mapping):
-            if "Actor" in str(role):
+            if getattr(role, "name", "").startswith("ActorRollout"):  # ActorRollout or ActorRolloutRef
                 self.role_worker_mapping[role] = ray.remote(OBLRActorRolloutRefWorker)
         return OBLRActorRolloutRefWorker, group_cls
 
