@@ -3,7 +3,8 @@
 :func:`norm_pass` runs on a data-parallel rank of verl's actor, with the actor's module and the batch as the
 actor sees it (a ``DataProto`` with ``input_ids`` = left-padded prompt then right-padded response,
 ``attention_mask``, ``responses``, ``response_mask``, the rewards, and ``uid``), BEFORE verl forms the
-advantages. It calls oblr's update core, :func:`oblr.update.accumulate_policy_gradient`, with
+advantages. Positions are derived from the attention mask (:func:`oblr.logprobs.forward_logits`), which is
+what verl's ``position_ids`` are for a text model; the batch's ``position_ids`` are not read. It calls oblr's update core, :func:`oblr.update.accumulate_policy_gradient`, with
 ``assemble_grad=False`` (nothing is written to ``.grad``: verl's own loss and backward follow): one forward
 and one activation-only backward per micro-batch of whole groups give each row's exact
 ``w_i = c_i^2 ||s_i||^2`` and, with the advantages, the per-prompt squared norms ``||g_k||^2``. The factors

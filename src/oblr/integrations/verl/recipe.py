@@ -46,8 +46,9 @@ from .loss import refusal
 
 register_oblr()
 
-#: fields of the driver's batch the norm pass reads
-NORM_PASS_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "rm_scores")
+#: fields of the driver's batch the norm pass reads (positions come from the attention mask, as verl's own
+#: position_ids do for text models; 3-D multimodal position ids are not supported)
+NORM_PASS_KEYS = ("input_ids", "attention_mask", "responses", "response_mask", "rm_scores")
 
 
 def _sel(cfg, path: str, default=None):
