@@ -11,22 +11,28 @@ them by name through its external-module mechanism::
 - :mod:`.estimator` -- ``oblr`` estimator: verl's rows grouped by ``uid``, oblr's own
   :func:`oblr.estimators.estimate` on them, w_i read from ``batch["reward_baselines"]``;
 - :mod:`.loss` -- ``oblr`` policy loss: :func:`oblr.losses.policy_loss` with ``seq_sum_const`` factors from
-  verl's global batch info; refused actor settings (``RULES``).
+  verl's global batch info; refused actor settings (``RULES``);
+- :mod:`.actor` -- the actor-side norm pass (oblr's update core: w_i into the batch, the per-prompt norms
+  for S and V into ``meta_info``) and :class:`~.actor.ActorLearningRate` (``snr`` / ``auto`` on the actor's
+  optimizer, in front of the engine's ``optimizer_step``);
+- :mod:`.recipe` -- the trainer and worker subclasses that insert both into a verl 0.9.1 run
+  (``python -m oblr.integrations.verl.recipe``; docs/verl.md).
 
-Not here yet (docs/verl.md): the actor-side norm pass that puts w_i into the batch, the SNR learning rate
-on the actor's optimizer, a recipe. Needs ``pip install "oblr[verl]"``.
+Needs ``pip install "oblr[verl]"``.
 """
 
 from __future__ import annotations
 
+from .actor import META_KEY, ActorLearningRate, NormPass, norm_pass, wrap_optimizer_step
 from .estimator import WEIGHTS_KEY, compute_oblr_advantage, oblr_advantages, put_weights
 from .loss import RULES, oblr_policy_loss, refusal
 
 #: the name both functions are registered under in verl
 NAME = "oblr"
 
-__all__ = ["NAME", "RULES", "WEIGHTS_KEY", "compute_oblr_advantage", "oblr_advantages", "oblr_policy_loss",
-           "put_weights", "refusal", "register"]
+__all__ = ["META_KEY", "NAME", "RULES", "WEIGHTS_KEY", "ActorLearningRate", "NormPass", "compute_oblr_advantage",
+           "norm_pass", "oblr_advantages", "oblr_policy_loss", "put_weights", "refusal", "register",
+           "wrap_optimizer_step"]
 
 
 def register() -> None:

@@ -1,0 +1,221 @@
+"""The actor side of OBLR-PO in verl: the norm pass (w_i, per-prompt norms) and the SNR learning rate.
+
+:func:`norm_pass` runs on a data-parallel rank of verl's actor, with the actor's module and the batch as the
+actor sees it (a ``DataProto`` with ``input_ids`` = left-padded prompt then right-padded response,
+``attention_mask``, ``responses``, ``response_mask``, the rewards, and ``uid``), BEFORE verl forms the
+advantages. Positions are derived from the attention mask (:func:`oblr.logprobs.forward_logits`), which is
+what verl's ``position_ids`` are for a text model; the batch's ``position_ids`` are not read. It calls oblr's update core, :func:`oblr.update.accumulate_policy_gradient`, with
+``assemble_grad=False`` (nothing is written to ``.grad``: verl's own loss and backward follow): one forward
+and one activation-only backward per micro-batch of whole groups give each row's exact
+``w_i = c_i^2 ||s_i||^2`` and, with the advantages, the per-prompt squared norms ``||g_k||^2``. The factors
+are those of the ``oblr`` policy loss, ``c_i = 1 / (global batch rows x loss_scale_factor)``, so w_i and g_k
+describe the gradient verl's ``ppo_loss`` then produces. w_i goes into the batch where the ``oblr``
+estimator reads it (:func:`~oblr.integrations.verl.put_weights`); the sum of ``||g_k||^2`` over every rank
+and the global prompt count go into ``meta_info[META_KEY]``.
+
+:class:`ActorLearningRate` turns those into the learning rate: before the actor's optimizer step it reads
+``||gbar||^2`` of verl's reduced gradient (:func:`oblr.distributed.collectives.grad_sq_norm`), forms S, V
+with :func:`oblr.snr.snr_statistics` and steps an oblr schedule (:func:`oblr.schedules.make_lr_controller`:
+``snr`` or ``auto``), which sets every param group's lr. :func:`wrap_optimizer_step` installs it in front of
+a verl engine's ``optimizer_step`` (before its gradient clipping, so S and V see the unclipped gradient).
+
+Data parallel: each rank must hold whole groups (every ``uid`` of a rank has ``rollout_n`` rows; a split
+group is refused); the per-prompt sums and counts are all-reduced over ``dp_group``. Micro-batches: verl's
+``ppo_micro_batch_size_per_gpu`` rows, taken as whole groups (at least one group per micro-batch). Nothing
+here imports verl; the DataProto is read by its ``batch`` / ``non_tensor_batch`` / ``meta_info``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from .estimator import group_rows, put_weights
+from .loss import _get, refusal
+
+#: ``meta_info`` key of the S/V inputs the norm pass leaves in the batch: {"gk_sq_sum": float, "n_prompts": int}
+META_KEY = "oblr_norm_pass"
+#: batch keys read for the rewards, first present wins (row sums)
+REWARD_KEYS = ("token_level_rewards", "token_level_scores", "rm_scores")
+
+
+@dataclass
+class NormPass:
+    """One norm pass on one rank. Row tensors are in the batch's (verl's) row order."""
+
+    weights: torch.Tensor        # [B] w_i
+    advantages: torch.Tensor     # [B] A_i of the oblr estimator with those w_i
+    per_prompt_sq_norms: torch.Tensor  # [N_local] ||g_k||^2 of this rank's prompts (g_k scaled by the global N)
+    gk_sq_sum: torch.Tensor      # float64 0-d: sum of ||g_k||^2 over every rank's prompts
+    n_prompts: int               # prompts of the global batch
+    metrics: dict
+
+
+def _rank_info(dp_group):
+    import torch.distributed as dist
+
+    if dp_group is None or not dist.is_initialized():
+        return None
+    return dp_group
+
+
+def _all_sum(t: torch.Tensor, group) -> torch.Tensor:
+    import torch.distributed as dist
+
+    if group is not None:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return t
+
+
+def core_batch(data, rollout_n: int | None = None):
+    """``(batch, rewards [N, G], rows [N, G])``: the core's prompt-major batch from verl's rows.
+
+    ``rows[k, j]`` is the verl row of output j of prompt k. Refuses missing fields, unequal or split groups
+    (every group must have ``rollout_n`` rows when given), and rows whose ``input_ids`` do not end with
+    their ``responses``."""
+    b = data.batch
+    for key in ("input_ids", "attention_mask", "responses", "response_mask"):
+        if key not in b.keys():
+            raise ValueError(f"oblr norm pass: the batch has no '{key}' (verl's actor batch after generation)")
+    rkey = next((k for k in REWARD_KEYS if k in b.keys()), None)
+    if rkey is None:
+        raise ValueError(f"oblr norm pass: the batch has no rewards (one of {', '.join(REWARD_KEYS)}); run it "
+                         f"after the rewards are computed")
+    uid = data.non_tensor_batch.get("uid") if hasattr(data, "non_tensor_batch") else None
+    rows = group_rows(uid)
+    G = rows.shape[1]
+    if rollout_n is not None and G != rollout_n:
+        raise ValueError(f"oblr norm pass: this rank holds groups of {G} rows, not rollout.n = {rollout_n}: a "
+                         f"group is split over data-parallel ranks (set trainer.balance_batch=False and a batch "
+                         f"size per rank that is a multiple of rollout.n)")
+    ids, am = b["input_ids"], b["attention_mask"]
+    R = b["responses"].shape[1]
+    if not torch.equal(ids[:, -R:], b["responses"]):
+        raise ValueError("oblr norm pass: input_ids do not end with responses (expected verl's layout: "
+                         "left-padded prompt, then the response)")
+    rm = torch.zeros_like(am)
+    rm[:, -R:] = b["response_mask"].to(am.dtype)
+    flat = rows.reshape(-1).to(ids.device)
+    rm = rm[flat]
+    batch = SimpleNamespace(input_ids=ids[flat], attention_mask=am[flat], response_mask=rm,
+                            response_lengths=rm.sum(-1))
+    rewards = b[rkey].sum(-1).to(torch.float32)[flat].view(rows.shape)
+    return batch, rewards, rows
+
+
+def norm_pass(module, data, actor_config, *, rollout_n: int, temperature: float = 1.0, dp_group=None,
+              autocast=None, norms_method: str = "auto") -> NormPass:
+    """Run oblr's norm pass on this rank's rows and put its results into ``data`` (module docstring).
+
+    ``actor_config``: verl's actor config (``loss_scale_factor``, ``ppo_micro_batch_size_per_gpu`` and the
+    settings :data:`~oblr.integrations.verl.RULES` checks); ``temperature``: the rollout's (verl divides the
+    actor's logits by it); ``dp_group``: the actor's data-parallel process group (None: one rank)."""
+    from oblr.update import UpdateSettings, accumulate_policy_gradient
+
+    msg = refusal(actor_config)
+    if msg is not None:
+        raise ValueError(msg.replace("oblr policy loss", "oblr norm pass"))
+    batch, rewards, rows = core_batch(data, rollout_n)
+    n_local, G = rewards.shape
+    group = _rank_info(dp_group)
+    dev = batch.input_ids.device
+    n_total = int(_all_sum(torch.tensor([n_local], dtype=torch.float64, device=dev), group)[0])
+    width = int(_get(actor_config, "loss_scale_factor"))
+    micro = _get(actor_config, "ppo_micro_batch_size_per_gpu") or G
+    scale = torch.full((n_local * G,), 1.0 / (n_total * G * width), dtype=torch.float32, device=dev)
+    settings = UpdateSettings(baseline="oblr", aggregation="seq_sum_const", max_len=width, need_snr=True,
+                              norms_method=norms_method, micro_batch_groups=max(1, int(micro) // G),
+                              temperature=float(temperature), top_p=1.0, assemble_grad=False)
+    res = accumulate_policy_gradient(module, batch, rewards, settings, seq_scale=scale, n_prompts=n_total,
+                                     autocast=autocast)
+    B = n_local * G
+    flat = rows.reshape(-1).to(dev)
+    w = torch.empty(B, dtype=torch.float32, device=dev)
+    w[flat] = res.estimate.weights.reshape(-1).to(torch.float32)
+    adv = torch.empty(B, dtype=torch.float32, device=dev)
+    adv[flat] = res.advantages.reshape(-1).to(torch.float32)
+    gks = res.per_prompt_sq_norms.double()
+    gk_sum = _all_sum(gks.sum().reshape(1).clone(), group)[0]
+    put_weights(data, w)
+    data.meta_info[META_KEY] = {"gk_sq_sum": float(gk_sum), "n_prompts": n_total}
+    return NormPass(w, adv, gks, gk_sum, n_total, res.metrics)
+
+
+def _sharded(params) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in params)
+
+
+class ActorLearningRate:
+    """oblr's learning-rate schedule on the actor's optimizer, stepped from the norm pass's statistics.
+
+    ``schedule``: a name of :data:`oblr.schedules.SCHEDULES` that needs S and V (``snr``, ``auto``); ``lr``:
+    eta_max (``snr``) or the initial guess (``auto``); the rest as :func:`oblr.schedules.make_lr_controller`.
+    Per optimizer step: :meth:`set_pending` with the norm pass's ``(gk_sq_sum, n_prompts)``, then
+    :meth:`before_step` after the backward (``.grad`` reduced over ranks, not yet clipped) and before
+    ``optimizer.step()``. ``auto`` reads whole parameters and gradients: refused when they are sharded."""
+
+    def __init__(self, optimizer, schedule: str = "snr", *, lr: float, eta_min: float = 0.0, ema: float = 0.0,
+                 warmup_steps: int = 0, total_steps: int = 1, grad_clip: float = 0.0, **options):
+        from oblr.schedules import make_lr_controller
+
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        if any(type(p).__name__ == "FlatParameter" for p in params):
+            raise ValueError("oblr learning rate: FSDP1 flat parameters (actor.strategy=fsdp) are not supported; "
+                             "use actor.strategy=fsdp2")
+        if schedule == "auto" and _sharded(params):
+            raise ValueError("oblr learning rate: lr_schedule=auto reads whole parameters and gradients, which "
+                             "FSDP2 shards over ranks; use lr_schedule=snr")
+        self.controller = make_lr_controller(schedule, optimizer, lr=lr, eta_min=eta_min, ema=ema,
+                                             warmup_steps=warmup_steps, total_steps=total_steps,
+                                             grad_clip=grad_clip, **options)
+        if not getattr(self.controller, "needs_snr", False):
+            raise ValueError(f"oblr learning rate: schedule {schedule!r} does not use S and V; keep verl's own "
+                             f"lr scheduler instead")
+        self.params = params
+        self.pending: tuple[float, int] | None = None
+        self.last = None  # SNRStats of the last step
+
+    def set_pending(self, gk_sq_sum, n_prompts: int) -> None:
+        self.pending = (float(gk_sq_sum), int(n_prompts))
+
+    def pending_from(self, data) -> None:
+        """:meth:`set_pending` from the ``meta_info`` the norm pass left in a batch."""
+        info = data.meta_info.get(META_KEY)
+        if info is None:
+            raise ValueError(f"oblr learning rate: the batch has no meta_info['{META_KEY}'] (run the norm pass)")
+        self.set_pending(info["gk_sq_sum"], info["n_prompts"])
+
+    def before_step(self) -> dict | None:
+        """S, V from the pending sums and ``||gbar||^2`` of ``.grad`` now; the schedule sets the lr. Returns
+        ``oblr/*`` metrics, or None when nothing is pending (a second optimizer step on the same batch)."""
+        from oblr.distributed.collectives import grad_sq_norm
+        from oblr.snr import snr_statistics
+
+        if self.pending is None:
+            return None
+        gk_sum, n = self.pending
+        self.pending = None
+        gbar_sq = grad_sq_norm(self.params)
+        st = snr_statistics(torch.tensor(gk_sum, dtype=torch.float64), gbar_sq.double().cpu(), n)
+        self.controller.step(st)
+        self.last = st
+        lr = self.controller.get_last_lr()[0]
+        return {"oblr/S": float(st.S), "oblr/V": float(st.V), "oblr/snr": float(st.snr),
+                "oblr/grad_norm": float(gbar_sq.double().sqrt()), "oblr/lr": lr, "oblr/n": n}
+
+
+def wrap_optimizer_step(engine, lr: ActorLearningRate) -> None:
+    """Put ``lr.before_step`` in front of a verl engine's ``optimizer_step`` (before its clipping)."""
+    if getattr(engine, "scaler", None) is not None:
+        raise ValueError("oblr learning rate: a gradient scaler (fp16) scales .grad before the step; use bf16")
+    inner = engine.optimizer_step
+
+    def optimizer_step():
+        lr.before_step()
+        return inner()
+
+    engine.optimizer_step = optimizer_step

@@ -1,0 +1,169 @@
+"""The recipe's settings check on verl 0.9.1's own composed ``ppo_trainer`` config: the documented overrides
+pass, and each setting the recipe cannot run stops with one line naming it. (The recipe's Ray trainer and
+workers need GPUs and are not run here.)"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+
+if not os.environ.get("OBLR_REQUIRE_VERL"):
+    pytest.importorskip("verl", reason="verl is not installed here (pip install 'oblr[verl]': docs/verl.md)")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from oblr.integrations.verl import recipe  # noqa: E402
+
+#: the overrides docs/verl.md gives for an OBLR-PO run (sizes of the benchmark script)
+OVERRIDES = [
+    "trainer.use_v1=False", "algorithm.adv_estimator=oblr", "actor_rollout_ref.actor.policy_loss.loss_mode=oblr",
+    "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+    "actor_rollout_ref.actor.loss_scale_factor=512", "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.ppo_epochs=1",
+    "data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=32", "trainer.balance_batch=False",
+    "actor_rollout_ref.rollout.n=8", "algorithm.use_kl_in_reward=False",
+]
+
+
+@pytest.fixture(scope="module")
+def config():
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        return compose("ppo_trainer", overrides=OVERRIDES)
+
+
+def test_documented_overrides_pass(config):
+    recipe.check_run_config(config)
+    assert recipe.options(config.actor_rollout_ref) == {"lr_schedule": "snr", "eta_min": 0.0, "ema": 0.9,
+                                                        "warmup_steps": 0, "schedule_options": {}}
+
+
+@pytest.mark.parametrize("path, value", [
+    ("trainer.use_v1", True), ("algorithm.adv_estimator", "grpo"),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla"), ("actor_rollout_ref.actor.strategy", "fsdp"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size", 16), ("trainer.balance_batch", True),
+    ("algorithm.use_kl_in_reward", True), ("algorithm.rollout_correction.bypass_mode", True),
+    ("algorithm.rollout_correction.rollout_is", "token"), ("algorithm.rollout_correction.rollout_rs", "token"),
+    ("actor_rollout_ref.rollout.n", 1), ("actor_rollout_ref.rollout.top_p", 0.9),
+    ("actor_rollout_ref.rollout.top_k", 20), ("actor_rollout_ref.actor.loss_agg_mode", "token-mean"),
+    ("actor_rollout_ref.actor.entropy_coeff", 0.01), ("actor_rollout_ref.actor.use_kl_loss", True),
+    ("actor_rollout_ref.actor.ppo_epochs", 2), ("actor_rollout_ref.actor.loss_scale_factor", None),
+])
+def test_each_unsupported_setting_is_refused_with_one_line(config, path, value):
+    bad = copy.deepcopy(config)
+    OmegaConf.update(bad, path, value, force_add=True)
+    with pytest.raises(ValueError) as e:
+        recipe.check_run_config(bad)
+    msg = str(e.value)
+    assert msg.startswith(f"oblr verl recipe: {path}=") and "is not supported" in msg and "\n" not in msg, msg
+
+
+def test_unknown_recipe_option_is_refused(config):
+    bad = copy.deepcopy(config)
+    OmegaConf.update(bad, "actor_rollout_ref.oblr", {"lr_schedul": "auto"}, force_add=True)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) actor_rollout_ref.oblr.lr_schedul"):
+        recipe.options(bad.actor_rollout_ref)
+
+
+def test_trainer_hook_puts_the_workers_norm_pass_weights_into_the_batch(monkeypatch):
+    """The driver seam of the recipe on one rank: ``OBLRRayPPOTrainer._compute_old_log_prob`` sends the batch's
+    fields to the worker's registered ``oblr_norm_pass`` (called here on a stand-in worker holding a tiny
+    Qwen3 as the actor's module) and returns w_i with the old log-probs; after ``fit``'s union,
+    ``compute_advantage`` with ``oblr`` gives oblr's native advantages and the worker holds S and V's inputs.
+    verl's own ``_compute_old_log_prob`` (a Ray call to the actor's forward) is replaced by a stand-in."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    import torch
+    import verl_step_helpers as h
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage
+
+    from oblr.integrations.verl.actor import ActorLearningRate
+
+    (m1, o1, c1), (m2, _, _) = h.pair("snr")
+    ro = h.sample_rollouts(m1, seed=31)
+    nat = h.native_step(m1, o1, c1, ro)
+    batch = h.data_proto(ro)
+    batch.batch["rm_scores"] = batch.batch.pop("token_level_scores")
+    batch.meta_info["temperature"] = h.TEMPERATURE
+    opt = torch.optim.AdamW(m2.parameters(), lr=h.LR)
+    worker = SimpleNamespace(
+        actor=SimpleNamespace(engine=SimpleNamespace(module=m2, train_mode=nullcontext,
+                                                     get_data_parallel_group=lambda: None)),
+        config=OmegaConf.create({"rollout": {"n": h.G, "temperature": h.TEMPERATURE}}),
+        _oblr_actor_config=h.actor_config(), _oblr_lr=ActorLearningRate(opt, "snr", lr=h.LR))
+    sent = []
+
+    def norm_pass_call(data):
+        sent.append((set(data.batch.keys()), list(data.non_tensor_batch), dict(data.meta_info)))
+        return recipe.OBLRActorRolloutRefWorker.oblr_norm_pass(worker, data)
+
+    trainer = object.__new__(recipe.OBLRRayPPOTrainer)
+    trainer.actor_rollout_wg = SimpleNamespace(oblr_norm_pass=norm_pass_call)
+    old = DataProto.from_dict(tensors={"old_log_probs": torch.zeros(batch.batch["responses"].shape)})
+    monkeypatch.setattr(RayPPOTrainer, "_compute_old_log_prob", lambda self, b: (old, 0.0))
+    out, _ = trainer._compute_old_log_prob(batch)
+    assert sent == [(set(recipe.NORM_PASS_KEYS), ["uid"], {"temperature": h.TEMPERATURE})]
+    assert "reward_baselines" not in batch.batch.keys()
+    batch = batch.union(out)  # fit: batch.union(old_log_prob)
+    batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
+    batch = compute_advantage(batch, adv_estimator="oblr")
+    rm = batch.batch["response_mask"].float()
+    adv = (batch.batch["advantages"] * rm).sum(-1) / rm.sum(-1)
+    assert h.rel(batch.batch["reward_baselines"], nat["w"]) < 1e-5
+    assert h.rel(adv, nat["adv"]) < 1e-5
+    assert worker._oblr_lr.pending[1] == h.N and worker._oblr_lr.pending[0] > 0
+
+
+def test_task_runner_maps_the_actor_role_to_the_recipes_worker(config):
+    """verl's legacy TaskRunner, as the recipe subclasses it, gives the actor/rollout role the recipe's worker
+    (verl's Role names print in lower case: the role is matched by its enum name)."""
+    from verl.trainer.ppo.utils import Role
+
+    runner = recipe._TaskRunner()
+    cls, _ = runner.add_actor_rollout_worker(config)
+    assert cls is recipe.OBLRActorRolloutRefWorker
+    actors = [r for r in runner.role_worker_mapping if r in (Role.ActorRollout, Role.ActorRolloutRef)]
+    assert len(actors) == 1
+    assert runner.role_worker_mapping[actors[0]].__ray_actor_class__ is recipe.OBLRActorRolloutRefWorker
+
+
+def test_install_learning_rate_reads_verls_optim_config_and_sets_the_lr_before_the_step(config):
+    """What the worker's ``init_model`` does to the actor engine (here verl's own ``FSDPEngine.optimizer_step``
+    on a plain module): eta_max = ``actor.optim.lr``, the recipe's options, and at the next step the lr
+    from the pending S and V inputs, before verl's clip and update."""
+    import torch
+    import verl_step_helpers as h
+
+    from oblr.integrations.verl.actor import norm_pass
+    from oblr.snr import snr_factor
+
+    cfg = copy.deepcopy(config.actor_rollout_ref)
+    OmegaConf.update(cfg, "actor.optim.lr", 3e-4)
+    OmegaConf.update(cfg, "oblr", {"snr_ema": 0.0}, force_add=True)
+    model = h.initial_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1.0, weight_decay=0.0)
+    engine = h.verl_engine(model, opt)
+    lr = recipe.install_learning_rate(cfg, engine)
+    assert lr.controller.inner.eta_max == [3e-4] and lr.controller.inner.ema == 0.0
+    data = h.data_proto(h.sample_rollouts(model, seed=41))
+    norm_pass(model, data, h.actor_config(), rollout_n=h.G, temperature=h.TEMPERATURE)
+    lr.pending_from(data)
+    opt.zero_grad()
+    gk_sum, n = lr.pending
+    numel = sum(p.numel() for p in model.parameters())
+    c = (0.9 * gk_sum / n / numel) ** 0.5  # a gradient with ||gbar||^2 = 0.9 mean_k ||g_k||^2: 0 < S, V
+    for p in model.parameters():
+        p.grad = torch.full_like(p, c)
+    before = [p.detach().clone() for p in model.parameters()]
+    engine.optimizer_step()
+    st = lr.last
+    expected = 3e-4 * snr_factor(float(st.S), float(st.V), st.n)
+    assert opt.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-12) and 0 < expected < 3e-4
+    # the update used it: AdamW's first step moves every coordinate by lr * g / (|g| + eps), here -lr
+    moved = torch.cat([(p.detach() - b).reshape(-1) for p, b in zip(model.parameters(), before)])
+    assert torch.allclose(moved, torch.full_like(moved, -expected), rtol=1e-3)
