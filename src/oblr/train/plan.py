@@ -206,7 +206,7 @@ def config_problems(cfg) -> list[tuple[str, str]]:
     a, out = cfg.algorithm, []
     plan, budget = a.memory_plan, a.memory_budget_gb
     if plan == "none":
-        if budget is not None:
+        if budget is not None and budget > 0:  # a budget out of range is reported by its range
             out.append(("algorithm.memory_budget_gb", f"a budget ({budget:g} GB) is set but algorithm.memory_plan is "
                         "'none'; set algorithm.memory_plan=auto (or one_pass / two_pass) to plan under it"))
         return out
