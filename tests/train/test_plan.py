@@ -130,6 +130,65 @@ def test_the_registry_and_an_unset_budget():
     assert apply_plan(cfg, None) is cfg
 
 
+def _hf_config():
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+
+
+def _cfg(*extra):
+    return load_config(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=32",
+                              *extra])
+
+
+def test_plan_run_shards_the_resident_state_under_fsdp_and_plans_one_pass_only():
+    from oblr.train.plan import plan_run
+
+    hf = _hf_config()
+    shape = shape_from_hf_config(hf.to_dict())
+    cfg = _cfg("distributed.strategy=fsdp", "algorithm.memory_plan=auto", "algorithm.memory_budget_gb=1")
+    p = fsdp = plan_run(cfg, hf, prompt_len=16, world=2, device="cpu")
+    assert (p.engine, p.groups, p.micro_batch_groups, p.tokens) == ("one-pass", 2, 0, 48)  # 4 prompts over 2 ranks
+    assert p.resident_bytes == resident(shape, param_bytes=4, optim_bytes=8, world=2, sharded=True)
+    p = plan_run(_cfg("distributed.strategy=ddp", "algorithm.memory_plan=auto", "algorithm.memory_budget_gb=1",
+                      "algorithm.kl_coef=0.1", "model.dtype=bfloat16", "optim.optimizer=sgd"),
+                 hf, prompt_len=16, world=2, device="cpu")
+    assert p.resident_bytes == mm.n_params(shape) * 2 * 2  # bf16, the KL reference copy, plain SGD: no state
+    # the smallest budget of a tight fsdp run counts the whole one-pass engine only
+    with pytest.raises(PlanError, match=r"needs one-pass [\d.]+ GB; the smallest"):
+        plan_run(_cfg("distributed.strategy=fsdp", "algorithm.memory_plan=auto",
+                      f"algorithm.memory_budget_gb={(fsdp.resident_bytes + 1000) / GB!r}"),
+                 hf, prompt_len=16, world=2, device="cpu")
+
+
+def test_plan_run_without_exact_norms_keeps_the_checkpointing_setting():
+    from oblr.train.plan import plan_run
+
+    for ckpt in (False, True):
+        cfg = _cfg("algorithm.baseline=grpo", "algorithm.lr_schedule=constant", "algorithm.memory_plan=auto",
+                   "algorithm.memory_budget_gb=1", f"model.activation_checkpointing={str(ckpt).lower()}")
+        p = plan_run(cfg, _hf_config(), prompt_len=16, world=1, device="cpu")
+        assert not p.exact_norms and p.checkpointing == ckpt and p.groups == 4
+    cfg = _cfg("algorithm.memory_plan=auto", "algorithm.memory_budget_gb=1", "model.activation_checkpointing=true")
+    assert plan_run(cfg, _hf_config(), prompt_len=16, world=1, device="cpu").engine == "two-pass"  # auto obeys it
+
+
+def test_plan_run_on_cuda_without_a_budget_takes_the_free_memory(monkeypatch):
+    import torch
+
+    from oblr.train.plan import plan_run
+
+    cfg = _cfg("algorithm.memory_plan=auto")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(3e9), int(80e9)))
+    p = plan_run(cfg, _hf_config(), prompt_len=16, world=1, device=torch.device("cuda", 0))
+    assert p.budget_bytes == int(3e9) and p.budget_source == "free CUDA memory"
+    assert "of 3 per device (free CUDA memory;" in p.line()
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, int(80e9)))
+    with pytest.raises(PlanError, match=r"1e-06 GB per device \(free CUDA memory\) is below the model's own"):
+        plan_run(cfg, _hf_config(), prompt_len=16, world=1, device=torch.device("cuda", 0))
+
+
 # ------------------------------------------------------------------------------- runs of the tiny model
 TINY = [f"task.name={SIGNAL_TASK}", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16", "task.eval_size=0",
         "train.threads=1", "train.plots=false", "train.save_every=0", "train.steps=1"]
