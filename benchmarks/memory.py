@@ -32,6 +32,70 @@ FULL = [(64, 2, 128), (64, 2, 512), (128, 2, 512), (128, 4, 512), (128, 2, 1024)
 QUICK = [(64, 2, 128), (128, 2, 256)]
 VOCAB = 2048
 BAND = 0.15
+# the planner's section of docs/scale.md (oblr.train.plan), kept after the generated tables
+DOC_FOOTER = """## Choosing a plan under a budget
+
+`oblr train algorithm.memory_plan=auto algorithm.memory_budget_gb=80` lets the trainer choose, from this
+memory model and before the weights load, whether activation checkpointing is on (for the exact-norm path:
+the one-pass `BookKeeper` or the two-pass `TwoPassBookKeeper`) and the micro-batch
+(`algorithm.micro_batch_groups`), and logs it once at the start of the run (also in `summary.json` as
+`memory_plan`). For Qwen3-4B in bf16 with AdamW in one process (N = 8 prompts of up to 256 tokens, G = 8,
+`rollout.max_new_tokens=1024`) the planner's output (computed, not run) is
+
+    [oblr] plan: two-pass, micro-batch 1 group (8 sequences of 1280 tokens), predicted peak 58.1 GB of 80 per device (algorithm.memory_budget_gb; resident 24.1 GB)
+
+and with 4096 new tokens it refuses: `no plan fits 80 GB per device (algorithm.memory_budget_gb): one group
+of 8 sequences of 4352 tokens needs one-pass 333 GB, two-pass 138 GB; the smallest budget that works is
+137.9 GB`. The micro-batch is counted in whole prompt groups (a group's G sequences share one backward, for
+its norm `||g_k||^2`), and at such lengths the float32 logit-sized tensors of one group dominate.
+
+| key | values | meaning |
+|---|---|---|
+| `algorithm.memory_plan` | `none` (default), `auto`, `one_pass`, `two_pass` | `none`: no planning, `model.activation_checkpointing` and `algorithm.micro_batch_groups` as given (the default run is unchanged, bit for bit). `auto`: the planner chooses the engine and the micro-batch. `one_pass` / `two_pass`: that engine, the micro-batch chosen; `two_pass` turns `model.activation_checkpointing` on itself |
+| `algorithm.memory_budget_gb` | unset (default) or > 0 | memory per device (per rank), decimal GB. Unset with a plan: the free memory of the CUDA device before the model loads; on CPU a plan needs it |
+
+The names are the registry `oblr.train.plan.MEMORY_PLANS` (the one registry pattern, so `oblr train --help`,
+`oblr tasks` and the refusals list them). `one_pass`/`two_pass` name the two exact-norm engines of
+docs/gradnorm.md; the key is `memory_plan` rather than `plan` because it decides memory only, never the
+numbers: both engines and every micro-batch split give the same step (the tests compare them).
+
+**The rule.** The predicted peak of a device is its resident state plus `step_peak_bytes` of one
+micro-batch of `groups x G` sequences of `longest prompt + rollout.max_new_tokens` tokens (the prompts are
+counted with the model's tokenizer, every training prompt). Resident: the parameters in `model.dtype` and the
+optimizer's state (AdamW two moments in that dtype, SGD with momentum one), twice the parameters with a KL
+reference model; under `distributed.strategy=fsdp` their `1/world` share plus the gathered layers of
+`resident_bytes`. Among the allowed engines the planner takes the **largest micro-batch that fits** (at most
+the rank's `N / world` groups, and at most a `micro_batch_groups` the user set), and on a tie **no
+checkpointing** (no recomputation, no second pass). So a generous budget gives the one-pass engine on the
+whole batch, a tighter one the two-pass engine, a tighter one a smaller micro-batch. That order (fewer
+micro-batches before no checkpointing) is a rule, not a measured optimum: the two-pass engine costs about
+one more backward (docs/performance.md), a halved micro-batch on a GPU usually less than that, unless the
+micro-batches are small.
+
+- **Methods without exact norms** (a baseline without exact weights and a schedule without S, V, e.g.
+  `algorithm.baseline=grpo algorithm.lr_schedule=constant`): only the micro-batch is chosen; checkpointing
+  stays as `model.activation_checkpointing` says (`one_pass`/`two_pass` are refused for them).
+- **Checkpointing.** `two_pass` turns checkpointing on; `one_pass` with `model.activation_checkpointing=true`
+  is refused (a contradiction); `auto` with `model.activation_checkpointing=true` chooses among two-pass
+  plans only. A model class whose `supports_gradient_checkpointing` is false is refused for
+  `model.activation_checkpointing=true` and `two_pass`, read off the class that its `config.json` names
+  (no weights); `auto` leaves the two-pass engine out for it.
+- **Distributed.** The budget is per rank. Under `fsdp` checkpointing is not supported
+  (docs/distributed.md), so `auto` plans the one-pass engine only and `two_pass` is refused; under `ddp` each
+  rank holds the whole resident state.
+- **Refusals** (one line, exit status 2, before the weights load): a plan name that does not exist; a
+  budget of 0 or below; a budget with `memory_plan: none`; a budget below the model's own resident state
+  ("... is below the model's own resident size, 24.1 GB"); a budget no plan meets, with the smallest budget
+  (rounded up to 0.1 GB) at which the planner then returns a plan; a plan on CPU without a budget; a model
+  whose `config.json` lacks the shape keys (`num_hidden_layers`, `hidden_size`, ...).
+- **What the plan does not see**: generation (the rollout engine's KV cache and, for vllm, its
+  `memory_fraction`), LoRA's smaller optimizer state (the full model's is counted: conservative), allocator
+  fragmentation, CUDA context and NCCL buffers, and what the memory model itself leaves out (above). Leave
+  headroom: a budget of 90 % of the device is a reasonable start. Nothing here was run on a GPU.
+- The saved `config.yaml` keeps the keys as written (`memory_plan`, `memory_budget_gb`), not the resolved
+  checkpointing and micro-batch, so a resume plans again from the same keys (like `micro_batch_groups`,
+  they are not among the keys a resume may change).
+"""
 DOC_HEADER = """# Memory at scale: measured on CPU, projected to Qwen3
 
 Generated by `python benchmarks/memory.py --out benchmarks/results/memory --doc docs/scale.md`; do not edit
@@ -143,13 +207,13 @@ def projection_table(tokens=(1024, 4096, 8192), budget_gb: float = 80.0, world: 
 
 def write_doc(path: Path, tables: str) -> None:
     """docs/scale.md: ``DOC_HEADER`` and ``tables``, then the FLOP section that ``flop_ratios.py`` owns, kept
-    as it is in the file."""
+    as it is in the file, then ``DOC_FOOTER`` (choosing a plan under a budget)."""
     text = DOC_HEADER + "\n" + tables.replace("## ", "### ") + "\n"
     old = path.read_text() if path.exists() else ""
     if flop_ratios.BEGIN in old and flop_ratios.END in old:
         kept = old.split(flop_ratios.BEGIN, 1)[1].split(flop_ratios.END, 1)[0]
         text += "\n" + flop_ratios.BEGIN + kept + flop_ratios.END + "\n"
-    path.write_text(text)
+    path.write_text(text + "\n" + DOC_FOOTER)
 
 
 def main(argv=None) -> int:

@@ -137,6 +137,13 @@ class AlgorithmConfig:
     track_snr: bool = opt(False, "compute and log S, V, SNR even when the schedule does not use them")
     micro_batch_groups: int = opt(0, "prompt groups per forward/backward micro-batch (0 = all at once)",
                                   range=COUNT0)
+    memory_plan: str = opt("none", "choose checkpointing (exact norms: the one-pass or two-pass engine) and the "
+                                   "micro-batch under a memory budget: none (as configured) | auto | one_pass | "
+                                   "two_pass (turns model.activation_checkpointing on); docs/scale.md",
+                           choices="oblr.train.plan:MEMORY_PLANS")
+    memory_budget_gb: float | None = opt(None, "memory per device (decimal GB) the plan must fit; unset with a "
+                                               "memory_plan: the free CUDA memory (required on CPU)",
+                                         range=Range(gt=0, le=BIG))
 
 
 @dataclass
@@ -370,7 +377,8 @@ def validate(cfg: Config) -> None:
             bad(key, f"unknown {kind} {_short(value)}; registered: {', '.join(names)}")
     for key, rng in range_fields():
         sec, name = key.split(".")
-        problem = rng.problem(getattr(getattr(cfg, sec), name))
+        value = getattr(getattr(cfg, sec), name)
+        problem = None if value is None else rng.problem(value)  # None: an optional key left unset
         if problem:
             bad(key, problem)
     for sec, cls in _sections():  # the options of dict-valued keys, against the chosen entry's signature
@@ -405,6 +413,11 @@ def validate(cfg: Config) -> None:
     if not (len(o.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
                                       for b in o.betas)):
         bad("optim.betas", f"must be two numbers in [0, 1), got {_short(o.betas)}")
+    if valid_choice["algorithm.memory_plan"]:
+        from oblr.train.plan import config_problems
+
+        for key, msg in config_problems(cfg):
+            bad(key, msg)
     if cfg.distributed.backend not in ("auto", "gloo", "nccl"):
         bad("distributed.backend", f"{cfg.distributed.backend!r} is not auto, gloo or nccl")
     _raise(problems)

@@ -145,13 +145,13 @@ def per_sequence_bytes(s: Shape, plan: str, tokens: int, act_bytes: int = 2) -> 
         v for k, v in phase_bytes(s, plan, 1, tokens, act_bytes, grad_bytes=0).items())
 
 
-def resident_bytes(s: Shape, world: int = 8, param_bytes: int = 2, grad_bytes: int = 2) -> int:
-    """FSDP2 over ``world`` GPUs: sharded bf16 parameters and gradients, fp32 AdamW state (master copy and two
-    moments, 12 bytes), plus two gathered layers (one computing, one prefetched) and the gathered embedding
-    (and ``lm_head`` if untied) in ``param_bytes``."""
+def resident_bytes(s: Shape, world: int = 8, param_bytes: int = 2, grad_bytes: int = 2, optim_bytes: int = 12) -> int:
+    """FSDP2 over ``world`` GPUs: sharded bf16 parameters and gradients, fp32 AdamW state (``optim_bytes`` per
+    parameter: master copy and two moments, 12 bytes), plus two gathered layers (one computing, one prefetched)
+    and the gathered embedding (and ``lm_head`` if untied) in ``param_bytes``."""
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
-    sharded = n_params(s) * (param_bytes + grad_bytes + 12) // world
+    sharded = n_params(s) * (param_bytes + grad_bytes + optim_bytes) // world
     gathered = (2 * layer_params(s) + s.vocab * s.hidden * (1 if s.tied else 2)) * param_bytes
     return sharded + gathered
 

@@ -111,6 +111,7 @@ def test_every_numeric_key_declares_its_range():
     ("algorithm.epochs", ["0"]),
     ("algorithm.max_len", ["-1"]),
     ("algorithm.micro_batch_groups", ["-1"]),
+    ("algorithm.memory_budget_gb", ["0", "-1", "nan", "inf"]),
     ("model.lora_rank", ["-1"]),
     ("model.lora_alpha", ["0", "nan"]),
     ("train.steps", ["0", "-1", "1" + "0" * 400]),

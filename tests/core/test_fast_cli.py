@@ -91,6 +91,17 @@ def test_train_help_lists_every_registry_without_torch():
     (["optim.optimizer=lion"], "unknown optimizer 'lion'"),
     (["algorithm.norms_method=fast"], "unknown gradient-norm method 'fast'"),
     (["algorithm.aggregation=sum"], "unknown loss aggregation 'sum'"),
+    (["algorithm.memory_plan=two-pass"], "unknown memory plan 'two-pass'; registered: auto, none, one_pass, two_pass"),
+    (["algorithm.memory_plan=auto", "algorithm.memory_budget_gb=0"],
+     "config key 'algorithm.memory_budget_gb': must be in (0, 1e6], got 0"),
+    (["algorithm.memory_plan=auto", "algorithm.memory_budget_gb=-8"], "'algorithm.memory_budget_gb': must be in (0"),
+    (["algorithm.memory_budget_gb=80"], "a budget (80 GB) is set but algorithm.memory_plan is 'none'"),
+    (["algorithm.memory_plan=two_pass", "algorithm.baseline=grpo", "algorithm.lr_schedule=constant"],
+     "'two_pass' chooses an exact-norm engine, but baseline 'grpo' with lr_schedule 'constant' computes no exact"),
+    (["algorithm.memory_plan=one_pass", "model.activation_checkpointing=true"],
+     "'one_pass' keeps every layer's activations, but model.activation_checkpointing is true"),
+    (["algorithm.memory_plan=two_pass", "distributed.strategy=fsdp"],
+     "'two_pass' needs activation checkpointing, which distributed.strategy 'fsdp' does not support"),
 ])
 def test_config_refusals_answer_without_torch(overrides, message):
     res = run_cli(["train", *overrides])

@@ -53,6 +53,7 @@ from oblr.train.errors import TrainingError
 from oblr.train.evaluation import evaluate_on_ranks
 from oblr.train.interrupts import hold_interrupts, sigint_deferred, sigterm_as_interrupt
 from oblr.train.optimizers import make_optimizer
+from oblr.train.plan import apply_plan, check_checkpointing, plan_run, prompt_tokens
 from oblr.train.ranks import shared_run_dir, start
 from oblr.train.step_metrics import as_floats, rollout_metrics
 from oblr.train.summary import run_summary, summary_lines, write_summary
@@ -69,6 +70,7 @@ class Trainer:
         self.run_dir = shared_run_dir(lambda: rundir.resolve_run_dir(cfg, resume=self.resume, or_start=or_start),
                                       self.dist)
         self._saved_step = -1  # step of the newest checkpoint of this run (-1: none)
+        self.plan = None  # the memory plan (oblr.train.plan), chosen in _setup before the weights load
         self._done = {"step": 0, "rng": None, "metrics": None, "logged": True}  # the last completed step
 
     # ---------------------------------------------------------------------------------- the loop
@@ -105,6 +107,8 @@ class Trainer:
         self._done = {"step": step, "rng": ckpt.rng_state(), "metrics": None, "logged": True}
         self._log(f"run folder: {self.run_dir}  ({cfg.algorithm.baseline} baseline, {cfg.algorithm.lr_schedule} lr, "
                   f"N={cfg.rollout.prompts_per_step} G={cfg.rollout.group_size}, {t.steps} steps, device {self.device})")
+        if self.plan is not None:
+            self._log(self.plan.line())
         status = "failed"
         try:
             if step == 0 and not self.history["eval"]:
@@ -139,6 +143,8 @@ class Trainer:
                 status = "failed"
             summary = run_summary(self.run_dir, cfg, self.history["eval"], self._done["step"],
                                   time.perf_counter() - wall0, status)
+            if self.plan is not None:
+                summary["memory_plan"] = self.plan.as_dict()
             if status != "completed" and main:  # best effort: the disk may be the reason the run stopped
                 write_summary(self.run_dir, summary, best_effort=True)
             if failed_on_close:  # (if the run was already stopping on an error, that one is reported)
@@ -307,6 +313,8 @@ class Trainer:
             raise ConfigError(f"config key 'rollout.prompts_per_step': {cfg.rollout.prompts_per_step} exceeds the "
                               f"{len(self.task.train)} training prompts of task {cfg.task.name!r}")
         self.device = self.dist.device
+        self.plan = self._memory_plan()  # before the weights load: refusals of a plan or checkpointing here
+        run_cfg = apply_plan(cfg, self.plan)  # the plan's checkpointing and micro-batch (cfg as the user wrote it)
         torch.manual_seed(cfg.train.seed)
         self.model, self.tokenizer = load_model_and_tokenizer(self._model_name(), dtype=cfg.model.dtype,
                                                               device=str(self.device),
@@ -316,14 +324,14 @@ class Trainer:
             # exactly as `oblr eval` renders them; the data was already validated above
             self.task = get_task(cfg.task.name, **cfg.task.options, tokenizer=self.tokenizer)
         self.eval_examples = self.task.eval[: cfg.task.eval_size]
-        self.model, self.ref_model = place_for_training(self.model, cfg, self.parallel)  # LoRA, ddp/fsdp, KL ref
+        self.model, self.ref_model = place_for_training(self.model, run_cfg, self.parallel)  # LoRA, ddp/fsdp, KL ref
         o = cfg.optim
         torch.manual_seed(rank_seed(cfg.train.seed, self.dist.rank))  # sampling differs per rank
         self.optimizer = make_optimizer(o.optimizer, trainable_params(self.model), o)
         self.lr_ctrl = make_lr_controller(cfg.algorithm.lr_schedule, self.optimizer, lr=o.lr, eta_min=o.eta_min,
                                           warmup_steps=o.warmup_steps, total_steps=cfg.train.steps, ema=o.snr_ema,
                                           grad_clip=o.grad_clip, **cfg.algorithm.schedule_options)
-        self.settings = UpdateSettings.from_config(cfg, schedule_needs_snr=self.lr_ctrl.needs_snr)
+        self.settings = UpdateSettings.from_config(run_cfg, schedule_needs_snr=self.lr_ctrl.needs_snr)
         self.start_step, self.history = 0, {"eval": []}
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -338,6 +346,30 @@ class Trainer:
         self.reward_failures = RewardFailures()
         self.score = reward_scorer(self.task, self.reward_failures)
         self.bad_steps = 0
+
+    def _memory_plan(self):
+        """The memory plan (:mod:`oblr.train.plan`; None for ``algorithm.memory_plan: none``) from the model's
+        config and tokenizer, no weights; also refuses checkpointing on a model that cannot checkpoint."""
+        cfg = self.cfg
+        if cfg.algorithm.memory_plan == "none" and not cfg.model.activation_checkpointing:
+            return None
+        from transformers import AutoConfig, AutoTokenizer
+
+        from oblr.models import resolve_model_path
+
+        path = resolve_model_path(self._model_name())
+        hf_config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+        if cfg.model.activation_checkpointing:
+            check_checkpointing(hf_config)
+        if cfg.algorithm.memory_plan == "none":
+            return None
+        task = self.task
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+        if task_accepts(cfg.task.name, "tokenizer") and "tokenizer" not in cfg.task.options:
+            task = get_task(cfg.task.name, **cfg.task.options, tokenizer=tokenizer)  # prompts as the run renders them
+        return plan_run(cfg, hf_config, prompt_len=prompt_tokens(tokenizer, [ex.prompt for ex in task.train]),
+                        world=self.dist.world_size,
+                        device=self.device)
 
     def _restore(self) -> bool:
         """Load the newest intact checkpoint (rank 0 chooses it, every rank loads it); False (and the run

@@ -1,0 +1,308 @@
+"""A memory plan for ``oblr train``: checkpointing on or off (for exact norms: the one-pass or the two-pass
+engine) and the micro-batch, chosen from :mod:`oblr.memory_model` under a per-device budget (torch-free).
+
+``algorithm.memory_plan`` (the registry :data:`MEMORY_PLANS`) says what the planner may choose:
+
+- ``none`` (default): no planning; the run uses ``model.activation_checkpointing`` and
+  ``algorithm.micro_batch_groups`` as given (today's behaviour, bit for bit);
+- ``auto``: exact-norm methods (the book-keeping path: exact weights, or S and V for the schedule) may use
+  the one-pass :class:`~oblr.gradnorm.BookKeeper` (no checkpointing) or the two-pass
+  :class:`~oblr.gradnorm.TwoPassBookKeeper` (activation checkpointing on); methods without exact norms (GRPO
+  family) keep ``model.activation_checkpointing`` as set and only the micro-batch is chosen;
+- ``one_pass`` / ``two_pass``: that engine only (``two_pass`` turns activation checkpointing on; ``one_pass``
+  with ``model.activation_checkpointing=true`` is a contradiction, refused by the config).
+
+The budget is ``algorithm.memory_budget_gb`` (decimal GB per device, i.e. per rank), or, on CUDA without one,
+the free memory of the device before the model loads. Choice rule (:func:`choose_plan`): among the allowed
+engines, the largest micro-batch (whole prompt groups, at most the rank's groups and at most a
+``micro_batch_groups`` the user set) whose predicted peak fits; on a tie, no checkpointing (no recomputation,
+no second pass). So a generous budget gives the one-pass engine on the whole batch, a tighter one the
+two-pass engine, a tighter one a smaller micro-batch, and a budget no plan meets is refused with the smallest
+budget that would work (:class:`PlanError`, one line).
+
+Predicted peak per device = resident state + :func:`oblr.memory_model.step_peak_bytes` of one micro-batch of
+``groups * G`` sequences of ``prompt + max_new_tokens`` tokens. Resident: parameters in ``model.dtype`` and
+the optimizer's state (AdamW: two moments in the parameters' dtype; SGD with momentum: one; without: none),
+plus a frozen reference copy when ``algorithm.kl_coef > 0``; under FSDP2 the sharded share of these plus the
+gathered layers of :func:`oblr.memory_model.resident_bytes`. Not modelled: generation (the rollout engine's
+KV cache), LoRA's smaller optimizer state (the full model's state is assumed: conservative), allocator
+overhead; docs/scale.md says what the memory model itself leaves out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from oblr import memory_model as mm
+from oblr.checks import ConfigError
+from oblr.registry import Registry
+
+GB = 10**9
+
+#: memory plan name -> the checkpointing settings the planner may choose among (empty: no planning; for
+#: methods without exact norms the user's ``model.activation_checkpointing`` is kept whatever the plan)
+MEMORY_PLANS = Registry("memory plan")
+MEMORY_PLANS.register("none", ())
+MEMORY_PLANS.register("auto", (False, True))
+MEMORY_PLANS.register("one_pass", (False,))
+MEMORY_PLANS.register("two_pass", (True,))
+
+ENGINE_NAMES = {False: "one-pass", True: "two-pass"}  # with exact norms, by checkpointing
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class PlanError(ConfigError):
+    """No plan fits the budget, or the budget is not a budget (one line, like every config refusal)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen plan. ``micro_batch_groups`` is the value the run uses (0 = the rank's whole batch)."""
+
+    exact_norms: bool
+    checkpointing: bool
+    groups: int                # groups per micro-batch (>= 1)
+    micro_batch_groups: int    # groups, or 0 when that is all of the rank's groups
+    sequences: int             # groups * G
+    tokens: int                # prompt + response tokens per sequence
+    peak_bytes: int
+    resident_bytes: int
+    budget_bytes: int
+    budget_source: str         # "algorithm.memory_budget_gb" or "free CUDA memory"
+
+    @property
+    def engine(self) -> str:
+        if self.exact_norms:
+            return ENGINE_NAMES[self.checkpointing]
+        return f"checkpointing {'on' if self.checkpointing else 'off'} (no exact norms)"
+
+    def line(self) -> str:
+        """``plan: two-pass, micro-batch 2 groups, predicted peak 61.0 GB of 80.0`` (and what it counts)."""
+        return (f"plan: {self.engine}, micro-batch {self.groups} group{'s' * (self.groups != 1)} "
+                f"({self.sequences} sequences of {self.tokens} tokens), predicted peak {_gb(self.peak_bytes)} GB "
+                f"of {_gb(self.budget_bytes)} per device ({self.budget_source}; resident "
+                f"{_gb(self.resident_bytes)} GB)")
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "engine": self.engine}
+
+
+def _gb(n: float) -> str:
+    """Decimal GB, 3 significant digits (61.2, 0.0123)."""
+    return f"{n / GB:.3g}"
+
+
+def _gb_up(n: float) -> float:
+    """``n`` bytes in GB rounded up to 0.1 (a budget the planner then accepts)."""
+    return math.ceil(n / GB * 10 - 1e-9) / 10
+
+
+def shape_from_hf_config(conf: dict) -> mm.Shape:
+    """The :class:`~oblr.memory_model.Shape` of a decoder from its Hugging Face ``config.json`` (no weights).
+    Keys: ``num_hidden_layers``, ``hidden_size``, ``intermediate_size``, ``num_attention_heads``,
+    ``num_key_value_heads`` (default: the heads), ``head_dim`` (default: hidden / heads), ``vocab_size``,
+    ``tie_word_embeddings`` (default false). A config without them raises :class:`PlanError`."""
+    conf = conf.get("text_config", conf) if isinstance(conf.get("text_config"), dict) else conf
+    need = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+    missing = [k for k in need if not isinstance(conf.get(k), int)]
+    if missing:
+        raise PlanError(f"config key 'algorithm.memory_plan': the model's config.json lacks {', '.join(missing)}, "
+                        "so its memory cannot be predicted (the memory model needs a Qwen3/Llama-style decoder); "
+                        "set algorithm.memory_plan=none")
+    heads = conf["num_attention_heads"]
+    head_dim = conf.get("head_dim") or conf["hidden_size"] // heads
+    return mm.Shape(layers=conf["num_hidden_layers"], hidden=conf["hidden_size"],
+                    intermediate=conf["intermediate_size"], heads=heads,
+                    kv_heads=conf.get("num_key_value_heads") or heads, head_dim=int(head_dim),
+                    vocab=conf["vocab_size"], tied=bool(conf.get("tie_word_embeddings", False)))
+
+
+def optimizer_state_bytes(optimizer: str, momentum: float, param_bytes: int) -> int:
+    """Optimizer state per trainable parameter: AdamW (and any optimizer not known here) two moments, SGD one
+    momentum buffer when ``momentum > 0``, else none."""
+    if optimizer == "sgd":
+        return param_bytes if momentum > 0 else 0
+    return 2 * param_bytes
+
+
+def resident(shape: mm.Shape, *, param_bytes: int, optim_bytes: int, world: int = 1, sharded: bool = False,
+             reference: bool = False) -> int:
+    """What a device holds before a step: parameters and optimizer state (a frozen reference copy too when
+    ``reference``); sharded (FSDP2): their ``1/world`` share plus the gathered layers and embedding of
+    :func:`oblr.memory_model.resident_bytes`. Gradients are counted in the step's peak."""
+    copies = param_bytes * (2 if reference else 1)
+    if sharded:
+        return mm.resident_bytes(shape, world, param_bytes=copies, grad_bytes=0, optim_bytes=optim_bytes)
+    return mm.n_params(shape) * (copies + optim_bytes)
+
+
+def predicted_peak(shape: mm.Shape, *, exact_norms: bool, checkpointing: bool, sequences: int, tokens: int,
+                   param_bytes: int, resident_bytes: int, world: int = 1, sharded: bool = False) -> int:
+    """Resident state plus the memory model's step peak for one micro-batch of ``sequences``."""
+    key = ("oblr" if exact_norms else "grpo") + ("_ckpt" if checkpointing else "")
+    return resident_bytes + mm.step_peak_bytes(shape, key, sequences, tokens, act_bytes=param_bytes,
+                                               grad_bytes=param_bytes, grad_shards=world if sharded else 1)
+
+
+def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allowed: tuple[bool, ...],
+                groups: int, group_size: int, tokens: int, param_bytes: int, resident_bytes: int,
+                world: int = 1, sharded: bool = False, max_groups: int = 0,
+                budget_source: str = "algorithm.memory_budget_gb") -> Plan:
+    """The plan (module docstring) for a rank with ``groups`` prompt groups of ``group_size`` sequences of
+    ``tokens`` tokens; ``allowed``: the checkpointing settings it may use (False = one pass, True = two
+    pass / checkpointed); ``max_groups``: a micro-batch the user set (0 = none). Raises :class:`PlanError`
+    (one line) for a budget of 0 or below, one below the resident state, or one no plan meets -- then with
+    the smallest budget, rounded up to 0.1 GB, at which this function returns a plan."""
+    key = "config key 'algorithm.memory_budget_gb'"
+    if not allowed:
+        raise ValueError("allowed must name at least one checkpointing setting")
+    if not budget_bytes > 0:
+        raise PlanError(f"{key}: the budget must be > 0 GB, got {budget_bytes / GB:g} ({budget_source})")
+    if budget_bytes < resident_bytes:
+        raise PlanError(f"{key}: {budget_bytes / GB:g} GB per device ({budget_source}) is below the model's own "
+                        f"resident size, {_gb(resident_bytes)} GB (parameters and optimizer state"
+                        f"{', sharded over ' + str(world) + ' ranks' if sharded else ''}); "
+                        f"no micro-batch can run")
+    top = min(groups, max_groups) if max_groups > 0 else groups
+
+    def peak(ckpt: bool, g: int) -> int:
+        return predicted_peak(shape, exact_norms=exact_norms, checkpointing=ckpt, sequences=g * group_size,
+                              tokens=tokens, param_bytes=param_bytes, resident_bytes=resident_bytes, world=world,
+                              sharded=sharded)
+
+    best = None  # (groups, not checkpointing) is the order of preference
+    for ckpt in allowed:
+        g = next((g for g in range(top, 0, -1) if peak(ckpt, g) <= budget_bytes), 0)
+        if g and (best is None or (g, not ckpt) > (best[0], not best[1])):
+            best = (g, ckpt)
+    if best is None:
+        need = min(peak(ckpt, 1) for ckpt in allowed)
+        per = ", ".join(f"{ENGINE_NAMES[c] if exact_norms else ('checkpointed' if c else 'not checkpointed')} "
+                        f"{_gb(peak(c, 1))} GB" for c in allowed)
+        raise PlanError(f"{key}: no plan fits {budget_bytes / GB:g} GB per device ({budget_source}): one group of "
+                        f"{group_size} sequences of {tokens} tokens needs {per}; the smallest budget that works is "
+                        f"{_gb_up(need):.1f} GB")
+    g, ckpt = best
+    return Plan(exact_norms=exact_norms, checkpointing=ckpt, groups=g, micro_batch_groups=0 if g == groups else g,
+                sequences=g * group_size, tokens=tokens, peak_bytes=peak(ckpt, g), resident_bytes=resident_bytes,
+                budget_bytes=int(budget_bytes), budget_source=budget_source)
+
+
+def uses_exact_norms(cfg) -> bool:
+    """Whether a step of ``cfg`` takes the book-keeping path (exact weights, or S and V for the schedule or
+    ``algorithm.track_snr``) -- the one the two engines serve (:mod:`oblr.update`)."""
+    from oblr.estimators import get_estimator
+    from oblr.schedules import SCHEDULES
+
+    a = cfg.algorithm
+    return (get_estimator(a.baseline).weights == "exact" or a.track_snr
+            or bool(getattr(SCHEDULES.get(a.lr_schedule), "needs_snr", False)))
+
+
+def config_problems(cfg) -> list[tuple[str, str]]:
+    """``[(key, problem)]`` of the planning keys that need no model (called by :func:`oblr.config.validate`
+    once ``algorithm.memory_plan`` is a registered name)."""
+    a, out = cfg.algorithm, []
+    plan, budget = a.memory_plan, a.memory_budget_gb
+    if plan == "none":
+        if budget is not None and budget > 0:  # a budget out of range is reported by its range
+            out.append(("algorithm.memory_budget_gb", f"a budget ({budget:g} GB) is set but algorithm.memory_plan is "
+                        "'none'; set algorithm.memory_plan=auto (or one_pass / two_pass) to plan under it"))
+        return out
+    if plan in ("one_pass", "two_pass"):
+        try:
+            exact = uses_exact_norms(cfg)
+        except (KeyError, ValueError):  # an unknown baseline or schedule is reported on its own
+            exact = True
+        if not exact:
+            out.append(("algorithm.memory_plan", f"{plan!r} chooses an exact-norm engine, but baseline "
+                        f"{a.baseline!r} with lr_schedule {a.lr_schedule!r} computes no exact norms; use "
+                        "memory_plan=auto (it then chooses the micro-batch) and set model.activation_checkpointing"))
+    if plan == "one_pass" and cfg.model.activation_checkpointing:
+        out.append(("algorithm.memory_plan", "'one_pass' keeps every layer's activations, but "
+                    "model.activation_checkpointing is true; use two_pass or auto, or turn checkpointing off"))
+    if plan == "two_pass" and cfg.distributed.strategy == "fsdp":
+        out.append(("algorithm.memory_plan", "'two_pass' needs activation checkpointing, which "
+                    "distributed.strategy 'fsdp' does not support; use one_pass or auto (one-pass only under fsdp)"))
+    return out
+
+
+# ------------------------------------------------------------------------------ at the start of a run
+def checkpointing_support(hf_config) -> bool | None:
+    """``supports_gradient_checkpointing`` of the causal-LM class a Hugging Face config builds (read off the
+    class: no weights); None when the class is not known without loading (remote code)."""
+    from transformers import AutoModelForCausalLM
+
+    mapping = AutoModelForCausalLM._model_mapping
+    if type(hf_config) not in mapping:
+        return None
+    return bool(getattr(mapping[type(hf_config)], "supports_gradient_checkpointing", False))
+
+
+def check_checkpointing(hf_config) -> None:
+    """Refuse ``model.activation_checkpointing`` (or a plan that needs it) on a model class that cannot
+    checkpoint, in one line, before the weights load."""
+    if checkpointing_support(hf_config) is False:
+        from transformers import AutoModelForCausalLM
+
+        cls = AutoModelForCausalLM._model_mapping[type(hf_config)]
+        raise ConfigError(f"config key 'model.activation_checkpointing': {cls.__qualname__} does not support "
+                          "activation checkpointing (its supports_gradient_checkpointing is not True); "
+                          "set it false (and algorithm.memory_plan one_pass or none)")
+
+
+def prompt_tokens(tokenizer, prompts: list[str]) -> int:
+    """The longest prompt in tokens (every prompt counted: the step's sample is not known in advance)."""
+    return max((len(ids) for ids in tokenizer(list(prompts))["input_ids"]), default=0)
+
+
+def plan_run(cfg, hf_config, *, prompt_len: int, world: int, device) -> Plan | None:
+    """The plan of ``cfg`` (None for ``memory_plan: none``): the shape from ``hf_config`` (a
+    ``PretrainedConfig``, no weights), ``prompt_len`` tokens of prompt, this launch's ``world`` size and
+    ``device`` (a ``torch.device``: on CUDA without a budget, its free memory is the budget)."""
+    a, m = cfg.algorithm, cfg.model
+    choices = MEMORY_PLANS.get(a.memory_plan)
+    if not choices:
+        return None
+    shape = shape_from_hf_config(hf_config.to_dict())
+    if a.memory_budget_gb is not None:
+        budget, source = a.memory_budget_gb * GB, "algorithm.memory_budget_gb"
+    elif getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        budget, source = torch.cuda.mem_get_info(device)[0], "free CUDA memory"
+    else:
+        raise PlanError(f"config key 'algorithm.memory_budget_gb': algorithm.memory_plan {a.memory_plan!r} on "
+                        f"{device} needs a budget (the free memory is read on CUDA only); set "
+                        "algorithm.memory_budget_gb")
+    exact = uses_exact_norms(cfg)
+    sharded = cfg.distributed.strategy == "fsdp"
+    if exact:
+        allowed = tuple(c for c in choices if not (c and sharded) and not (m.activation_checkpointing and not c))
+        if checkpointing_support(hf_config) is False:
+            allowed = tuple(c for c in allowed if not c) or allowed  # two_pass alone: refused by the caller
+    else:
+        allowed = (m.activation_checkpointing,)
+    if any(allowed):
+        check_checkpointing(hf_config)
+    param_bytes = DTYPE_BYTES[m.dtype]
+    res = resident(shape, param_bytes=param_bytes, world=world, sharded=sharded, reference=a.kl_coef > 0,
+                   optim_bytes=optimizer_state_bytes(cfg.optim.optimizer, cfg.optim.momentum, param_bytes))
+    return choose_plan(shape, budget_bytes=budget, exact_norms=exact, allowed=allowed,
+                       groups=cfg.rollout.prompts_per_step // world, group_size=cfg.rollout.group_size,
+                       tokens=prompt_len + cfg.rollout.max_new_tokens, param_bytes=param_bytes, resident_bytes=res,
+                       world=world, sharded=sharded, max_groups=a.micro_batch_groups, budget_source=source)
+
+
+def apply_plan(cfg, plan: Plan | None):
+    """``cfg`` with the plan's checkpointing and micro-batch (a copy; ``cfg`` itself, as saved in the run
+    folder and compared on resume, keeps what the user wrote). No plan: ``cfg`` unchanged."""
+    if plan is None:
+        return cfg
+    import copy
+
+    out = copy.deepcopy(cfg)
+    out.model.activation_checkpointing = plan.checkpointing
+    out.algorithm.micro_batch_groups = plan.micro_batch_groups
+    return out
