@@ -1,0 +1,76 @@
+"""benchmarks/trl_lr_trajectory.py without training: its independent replay of the SNR rule agrees with
+oblr.snr.SNRLearningRate on a noisy sequence (negative signals, EMA and clamp both deciding the lr) and not with
+the clamp-before-EMA variant; the recording schedule records each step's statistics, sets the forced lrs on
+the optimizer for the first steps and the rule's afterwards; bad step counts are refused."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import trl_lr_trajectory as tlt
+
+from oblr.schedules import make_lr_controller
+from oblr.snr import SNRLearningRate, snr_statistics
+
+
+def _noisy_sequence(steps=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    sig = (torch.randn(steps, generator=g, dtype=torch.float64) * 3e-3 + 5e-4).tolist()
+    V = (0.05 + 0.3 * torch.rand(steps, generator=g, dtype=torch.float64)).tolist()
+    return [(s, v, 16) for s, v in zip(sig, V)]
+
+
+def test_replay_matches_the_library_rule_where_ema_and_clamp_decide():
+    seq = _noisy_sequence()
+    assert sum(s < 0 for s, _, _ in seq) >= 10  # the clamp matters
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    rule = SNRLearningRate(opt, eta_max=1e-3, ema=0.9)
+    lib = [rule.step(s, v, n)[0] for s, v, n in seq]
+    lrs, smooth = tlt.replay_lr(seq, 1e-3, 0.9)
+    assert lrs == pytest.approx(lib, rel=1e-12, abs=1e-18)
+    assert sum(x == 0 for x in lrs) >= 3 and max(lrs) > 5e-5
+    assert smooth[0] == pytest.approx(seq[0][0]) and smooth[-1] != pytest.approx(seq[-1][0])
+    clamped = tlt.replay_lr([(max(s, 0.0), v, n) for s, v, n in seq], 1e-3, 0.9)[0]
+    assert max(abs(x - y) for x, y in zip(clamped, lib)) > 1e-5  # the replay can tell the clamped-EMA bug
+
+
+def _stats(signal, V, n=16):
+    # per-prompt sums that give exactly this signal and V: ||gbar||^2 = signal + V/n
+    gbar_sq = signal + V / n
+    total = V * (n - 1) + n * gbar_sq
+    return snr_statistics(torch.tensor(total, dtype=torch.float64), torch.tensor(gbar_sq, dtype=torch.float64), n)
+
+
+def test_recording_schedule_forces_the_first_lrs_then_follows_the_rule():
+    tlt._register_recording_schedule()
+    tlt._register_recording_schedule()  # idempotent
+    seq = _noisy_sequence(12, seed=1)
+    forced = [2e-4, 0.0, 1.5e-4]
+    tlt.RECORD.clear()
+    tlt.FORCED[:] = forced
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    ctrl = make_lr_controller("snr_recorded", opt, lr=1e-3, ema=0.9, total_steps=12, grad_clip=1.0)
+    applied = []
+    for s, v, n in seq:
+        ctrl.step(_stats(s, v, n))
+        applied.append(opt.param_groups[0]["lr"])
+    rule = tlt.replay_lr(seq, 1e-3, 0.9)[0]
+    assert applied[:3] == forced and [r["lr"] for r in tlt.RECORD][:3] == forced
+    assert applied[3:] == pytest.approx(rule[3:], rel=1e-9, abs=1e-18)
+    assert [r["rule_lr"] for r in tlt.RECORD] == pytest.approx(rule, rel=1e-9, abs=1e-18)
+    assert [r["signal"] for r in tlt.RECORD] == pytest.approx([s for s, _, _ in seq], rel=1e-9, abs=1e-12)
+    assert [r["V"] for r in tlt.RECORD] == pytest.approx([v for _, v, _ in seq], rel=1e-9)
+    tlt.FORCED.clear()
+
+
+@pytest.mark.parametrize("argv", [["--trl-steps", "0"], ["--steps", "10", "--trl-steps", "20"]])
+def test_bad_step_counts_are_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        tlt.parse_args(argv)
+    assert "--trl-steps" in capsys.readouterr().err
