@@ -11,14 +11,19 @@ EMA 0.9 on both paths):
 2. replay: each run's (signal, V, N) sequence through an independent EMA controller written here
    (:func:`replay_lr`); the largest difference to the lr the run logged says whether the two paths turn
    statistics into a learning rate the same way;
-3. forced start: ``oblr train`` with its first ``--trl-steps`` learning rates set to the TRL run's logged ones
+3. (``--bf16-batches K``) bf16: OBLRGRPOTrainer runs under TRL's default ``bf16=True``, which accelerate applies
+   on the CPU too (the update core's forward in ``torch.autocast(bfloat16)``); ``oblr train`` runs in float32.
+   K batches from the start model (oblr's engine), each through the update core twice, float32 and under bf16
+   autocast: the paired differences of the signal, V and ||gbar||^2, and the cosine of the two gradients;
+4. forced start: ``oblr train`` with its first ``--trl-steps`` learning rates set to the TRL run's logged ones
    (same seed; the rule's EMA still sees every step's statistics) and the rule free afterwards. Its statistics in
    the forced stretch against the TRL run's say whether, on the same lr path, the native statistics are TRL's;
    its lr after the stretch against the free native run's says whether the early lr decides the later one.
 
-Writes ``OUT/summary.md`` and ``OUT/results.json``.
+Writes ``OUT/summary.md`` and ``OUT/results.json``; with no ``--seeds``, only the bf16 pairing runs.
 
     python benchmarks/trl_lr_trajectory.py --seeds 0 --extra-seeds 2 3 --steps 45 --trl-steps 30 --out benchmarks/results/trl_h2h/lr_trajectory
+    python benchmarks/trl_lr_trajectory.py --seeds --bf16-batches 8 --out benchmarks/results/trl_h2h/lr_trajectory_bf16
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ FORCED: list[float] = []     # learning rates the recording schedule sets instea
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--seeds", nargs="*", type=int, default=[0])
+    p.add_argument("--bf16-batches", type=int, default=0, help="batches of the float32 / bf16-autocast pairing")
     p.add_argument("--steps", type=int, default=60, help="steps of the native runs (free and forced)")
     p.add_argument("--trl-steps", type=int, default=30, help="steps of the TRL runs = forced steps of the native run")
     p.add_argument("--extra-seeds", nargs="*", type=int, default=[],
@@ -45,6 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--ema", type=float, default=0.9, help="EMA of the SNR rule (both paths' default)")
     p.add_argument("--out", default="runs/trl_lr_trajectory")
     a = p.parse_args(argv)
+    if a.bf16_batches == 1 or a.bf16_batches < 0:
+        p.error(f"--bf16-batches must be 0 or at least 2 (a standard error needs two), got {a.bf16_batches}")
     if a.trl_steps < 1 or a.steps < a.trl_steps:
         p.error(f"need 1 <= --trl-steps <= --steps, got --trl-steps {a.trl_steps}, --steps {a.steps}")
     return a
@@ -151,6 +159,65 @@ def trl_run(seed: int, steps: int, a, out: Path) -> dict:
                        "entropy": h["entropy"]} for h in hist], "bf16": bool(cfg.bf16)}
 
 
+def bf16_pairs(batches: int) -> list[dict]:
+    """Signal, V, ||gbar||^2 of the same batch through the update core in float32 and under bf16 autocast."""
+    import random
+
+    import torch
+
+    from oblr.config import load_config
+    from oblr.models import load_model_and_tokenizer
+    from oblr.rollout import generate_and_score, make_engine
+    from oblr.tasks import get_task, reward_scorer
+    from oblr.update import UpdateSettings, accumulate_policy_gradient
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    random.seed(0)
+    task = get_task("arithmetic")
+    model, tok = load_model_and_tokenizer("builtin")
+    settings = UpdateSettings.from_config(load_config(None, ["rollout.max_new_tokens=32"]), schedule_needs_snr=True)
+    engine, score = make_engine("hf", model, tok), reward_scorer(task)
+
+    def core(batch, rewards, autocast):
+        for p in model.parameters():
+            p.grad = None
+        model.train()
+        t0 = time.perf_counter()
+        r = accumulate_policy_gradient(model, batch, rewards.reshape(16, 8), settings, autocast=autocast)
+        grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        return float(r.snr.signal), float(r.snr.V), float(r.grad_sq_norm), grad, time.perf_counter() - t0
+
+    out = []
+    for k in range(batches):
+        model.eval()
+        batch, rewards = generate_and_score(engine, random.sample(task.train, 16), score, num_samples=8,
+                                            max_new_tokens=32, temperature=1.0)
+        f = core(batch, rewards, None)
+        b = core(batch, rewards, lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+        out.append({"fp32": f[:3], "bf16": b[:3], "cos": float(torch.dot(f[3], b[3]) / (f[3].norm() * b[3].norm())),
+                    "seconds": [f[4], b[4]]})
+        print(f"[trl_lr_trajectory] bf16 pair {k + 1}/{batches}", flush=True)
+    return out
+
+
+def bf16_table(pairs: list[dict]) -> str:
+    def ms(xs):
+        return f"{st.mean(xs):.2e} ± {st.stdev(xs) / math.sqrt(len(xs)):.1e}"
+
+    rows = ["| quantity | float32 mean | bf16 autocast mean | paired difference (bf16 - float32) mean ± se |",
+            "|---|---:|---:|---:|"]
+    for i, name in enumerate(("signal", "V", "gbar^2")):
+        f, b = [p["fp32"][i] for p in pairs], [p["bf16"][i] for p in pairs]
+        rows.append(f"| {name} | {st.mean(f):.3e} | {st.mean(b):.3e} | {ms([y - x for x, y in zip(f, b)])} |")
+    cos = [p["cos"] for p in pairs]
+    secs = [p["seconds"] for p in pairs]
+    return (f"Same batch, two precisions ({len(pairs)} batches of 16 x 8 from the start model): cosine of the two "
+            f"gradients {min(cos):.4f} to {max(cos):.4f}; update-core time {st.mean(s[0] for s in secs):.1f} s "
+            f"(float32) and {st.mean(s[1] for s in secs):.1f} s (bf16 autocast) per batch on one CPU thread.\n\n"
+            + "\n".join(rows) + "\n")
+
+
 def describe(steps: list[dict], a, lo: int = 0, hi: int | None = None) -> dict:
     """Summary of steps[lo:hi] of one run, with the replay of the whole run through :func:`replay_lr`."""
     lrs, smooth = replay_lr([(s["signal"], s["V"], s["n"]) for s in steps], a.lr, a.ema)
@@ -209,15 +276,23 @@ def main(argv=None) -> dict:
                          f"{100 * d['smoothed_neg']:.0f} % | {d['V_mean']:.3f} | {d['gbar_sq_mean']:.4f} | "
                          f"{d['reward_mean']:.3f} | {d['replay_max_abs_diff']:.1e} |")
             runs[f"native seed {seed}"].setdefault("summary", []).append(d)
+    pairs = bf16_pairs(a.bf16_batches) if a.bf16_batches > 1 else []
+    if not a.seeds:
+        md = bf16_table(pairs) if pairs else ""
+        (out / "summary.md").write_text(md)
+        (out / "results.json").write_text(json.dumps({"args": vars(a), "bf16_pairs": pairs}, indent=1))
+        print("\n" + md)
+        return {"bf16_pairs": pairs}
     bf16 = any(r.get("bf16") for r in runs.values())
     md = (f"Built-in model, arithmetic task, 16 prompts x 8 completions, 32 new tokens, SNR rule eta_max {a.lr:g}, "
           f"EMA {a.ema:g}, AdamW betas (0.9, 0.99), clip 1.0; seeds {a.seeds} (free oblr train also {a.extra_seeds}); OBLRGRPOTrainer {K} steps"
           f"{' (TRL default bf16=True: bf16 autocast on CPU)' if bf16 else ''}, oblr train {T} steps. "
           f"'raw signal' is ||gbar||^2 - V/N of the step, 'smoothed' its bias-corrected EMA (the rule's S before "
           f"the clamp); 'replay' recomputes every step's lr from the logged (signal, V, N) with an independent "
-          f"controller (`replay_lr`).\n\n" + "\n".join(head + table) + "\n")
+          f"controller (`replay_lr`).\n\n" + "\n".join(head + table) + "\n"
+          + ("\n" + bf16_table(pairs) if pairs else ""))
     (out / "summary.md").write_text(md)
-    (out / "results.json").write_text(json.dumps({"args": vars(a), "runs": runs}, indent=1))
+    (out / "results.json").write_text(json.dumps({"args": vars(a), "runs": runs, "bf16_pairs": pairs}, indent=1))
     print("\n" + md)
     return runs
 

@@ -1,7 +1,7 @@
 """benchmarks/trl_lr_trajectory.py without training: its independent replay of the SNR rule agrees with
 oblr.snr.SNRLearningRate on a noisy sequence (negative signals, EMA and clamp both deciding the lr) and not with
 the clamp-before-EMA variant; the recording schedule records each step's statistics, sets the forced lrs on
-the optimizer for the first steps and the rule's afterwards; bad step counts are refused."""
+the optimizer for the first steps and the rule's afterwards; bad step and batch counts are refused."""
 
 from __future__ import annotations
 
@@ -69,8 +69,10 @@ def test_recording_schedule_forces_the_first_lrs_then_follows_the_rule():
     tlt.FORCED.clear()
 
 
-@pytest.mark.parametrize("argv", [["--trl-steps", "0"], ["--steps", "10", "--trl-steps", "20"]])
-def test_bad_step_counts_are_refused(argv, capsys):
+@pytest.mark.parametrize("argv,named", [(["--trl-steps", "0"], "--trl-steps"),
+                                        (["--steps", "10", "--trl-steps", "20"], "--trl-steps"),
+                                        (["--bf16-batches", "1"], "--bf16-batches")])
+def test_bad_counts_are_refused(argv, named, capsys):
     with pytest.raises(SystemExit):
         tlt.parse_args(argv)
-    assert "--trl-steps" in capsys.readouterr().err
+    assert named in capsys.readouterr().err
