@@ -23,7 +23,7 @@ EMA 0.9 on both paths):
 Writes ``OUT/summary.md`` and ``OUT/results.json``; with no ``--seeds``, only the bf16 pairing runs.
 
     python benchmarks/trl_lr_trajectory.py --seeds 0 --extra-seeds 2 3 --steps 45 --trl-steps 30 --out benchmarks/results/trl_h2h/lr_trajectory
-    python benchmarks/trl_lr_trajectory.py --seeds --bf16-batches 8 --out benchmarks/results/trl_h2h/lr_trajectory_bf16
+    python benchmarks/trl_lr_trajectory.py --seeds --bf16-batches 6 --out benchmarks/results/trl_h2h/lr_trajectory_bf16
 """
 
 from __future__ import annotations
@@ -234,6 +234,10 @@ def describe(steps: list[dict], a, lo: int = 0, hi: int | None = None) -> dict:
             "replay_max_abs_diff": max(abs(x - y) for x, y in zip(lrs, rule))}
 
 
+def _args(a) -> dict:
+    return {k: v for k, v in vars(a).items() if k != "out"}  # no machine path in the committed output
+
+
 def main(argv=None) -> dict:
     import os
 
@@ -280,7 +284,7 @@ def main(argv=None) -> dict:
     if not a.seeds:
         md = bf16_table(pairs) if pairs else ""
         (out / "summary.md").write_text(md)
-        (out / "results.json").write_text(json.dumps({"args": vars(a), "bf16_pairs": pairs}, indent=1))
+        (out / "results.json").write_text(json.dumps({"args": _args(a), "bf16_pairs": pairs}, indent=1))
         print("\n" + md)
         return {"bf16_pairs": pairs}
     bf16 = any(r.get("bf16") for r in runs.values())
@@ -292,7 +296,7 @@ def main(argv=None) -> dict:
           f"controller (`replay_lr`).\n\n" + "\n".join(head + table) + "\n"
           + ("\n" + bf16_table(pairs) if pairs else ""))
     (out / "summary.md").write_text(md)
-    (out / "results.json").write_text(json.dumps({"args": vars(a), "runs": runs, "bf16_pairs": pairs}, indent=1))
+    (out / "results.json").write_text(json.dumps({"args": _args(a), "runs": runs, "bf16_pairs": pairs}, indent=1))
     print("\n" + md)
     return runs
 
