@@ -50,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3, help="eta_max of the SNR rule")
     p.add_argument("--ema", type=float, default=0.9, help="EMA of the SNR rule (both paths' default)")
     p.add_argument("--out", default="runs/trl_lr_trajectory")
+    p.add_argument("--render-only", action="store_true", help="rewrite OUT/summary.md from OUT/results.json")
     a = p.parse_args(argv)
     if a.bf16_batches == 1 or a.bf16_batches < 0:
         p.error(f"--bf16-batches must be 0 or at least 2 (a standard error needs two), got {a.bf16_batches}")
@@ -234,27 +235,8 @@ def describe(steps: list[dict], a, lo: int = 0, hi: int | None = None) -> dict:
             "replay_max_abs_diff": max(abs(x - y) for x, y in zip(lrs, rule))}
 
 
-def _args(a) -> dict:
-    return {k: v for k, v in vars(a).items() if k != "out"}  # no machine path in the committed output
-
-
-def main(argv=None) -> dict:
-    import os
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    a = parse_args(argv)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    runs = {}
-    for seed in a.seeds:
-        t0 = time.perf_counter()
-        runs[f"native seed {seed}"] = native_run(seed, a.steps, a, out / f"native_seed{seed}")
-        runs[f"trl seed {seed}"] = trl_run(seed, a.trl_steps, a, out / f"trl_seed{seed}")
-        forced = [s["logged_lr"] for s in runs[f"trl seed {seed}"]["steps"]]
-        runs[f"native forced seed {seed}"] = native_run(seed, a.steps, a, out / f"forced_seed{seed}", forced=forced)
-        print(f"[trl_lr_trajectory] seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
-    for seed in a.extra_seeds:
-        runs[f"native seed {seed}"] = native_run(seed, a.steps, a, out / f"native_seed{seed}")
+def render(a, runs: dict, pairs: list[dict]) -> str:
+    """summary.md from the runs (``main``'s dict, or ``results.json``'s ``runs``) and the bf16 pairs."""
     K, T = a.trl_steps, a.steps
     head = ["| run | steps | mean lr | steps at lr 0 | raw signal mean ± se | raw signal < 0 | smoothed signal < 0 | "
             "V mean | gbar^2 mean | reward mean | replay max abs(lr diff) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -271,7 +253,6 @@ def main(argv=None) -> dict:
                          f"{d['signal_mean']:.2e} ± {d['signal_se']:.1e} | {100 * d['signal_neg']:.0f} % | "
                          f"{100 * d['smoothed_neg']:.0f} % | {d['V_mean']:.3f} | {d['gbar_sq_mean']:.4f} | "
                          f"{d['reward_mean']:.3f} | {d['replay_max_abs_diff']:.1e} |")
-            runs[name].setdefault("summary", []).append(d)
     for seed in a.extra_seeds:
         for lo, hi in ((0, K), (K, T)):
             d = describe(runs[f"native seed {seed}"]["steps"], a, lo, hi)
@@ -279,7 +260,44 @@ def main(argv=None) -> dict:
                          f"{d['signal_mean']:.2e} ± {d['signal_se']:.1e} | {100 * d['signal_neg']:.0f} % | "
                          f"{100 * d['smoothed_neg']:.0f} % | {d['V_mean']:.3f} | {d['gbar_sq_mean']:.4f} | "
                          f"{d['reward_mean']:.3f} | {d['replay_max_abs_diff']:.1e} |")
-            runs[f"native seed {seed}"].setdefault("summary", []).append(d)
+    bf16 = any(r.get("bf16") for r in runs.values())
+    return (f"Built-in model, arithmetic task, 16 prompts x 8 completions, 32 new tokens, SNR rule eta_max {a.lr:g}, "
+            f"EMA {a.ema:g}, AdamW betas (0.9, 0.99), clip 1.0; seeds {a.seeds} (free oblr train also "
+            f"{a.extra_seeds}); OBLRGRPOTrainer {K} steps"
+            f"{' (TRL default bf16=True: bf16 autocast on CPU)' if bf16 else ''}, oblr train {T} steps. "
+            f"'raw signal' is ||gbar||^2 - V/N of the step, 'smoothed' its bias-corrected EMA (the rule's S before "
+            f"the clamp); 'replay' recomputes every step's lr from the logged (signal, V, N) with an independent "
+            f"controller (`replay_lr`).\n\n" + "\n".join(head + table) + "\n"
+            + ("\n" + bf16_table(pairs) if pairs else ""))
+
+
+def _args(a) -> dict:
+    return {k: v for k, v in vars(a).items() if k != "out"}  # no machine path in the committed output
+
+
+def main(argv=None) -> dict:
+    import os
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    a = parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.render_only:
+        res = json.loads((out / "results.json").read_text())
+        md = render(a, res["runs"], res.get("bf16_pairs", []))
+        (out / "summary.md").write_text(md)
+        print(md)
+        return res["runs"]
+    runs = {}
+    for seed in a.seeds:
+        t0 = time.perf_counter()
+        runs[f"native seed {seed}"] = native_run(seed, a.steps, a, out / f"native_seed{seed}")
+        runs[f"trl seed {seed}"] = trl_run(seed, a.trl_steps, a, out / f"trl_seed{seed}")
+        forced = [s["logged_lr"] for s in runs[f"trl seed {seed}"]["steps"]]
+        runs[f"native forced seed {seed}"] = native_run(seed, a.steps, a, out / f"forced_seed{seed}", forced=forced)
+        print(f"[trl_lr_trajectory] seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
+    for seed in a.extra_seeds:
+        runs[f"native seed {seed}"] = native_run(seed, a.steps, a, out / f"native_seed{seed}")
     pairs = bf16_pairs(a.bf16_batches) if a.bf16_batches > 1 else []
     if not a.seeds:
         md = bf16_table(pairs) if pairs else ""
@@ -287,14 +305,7 @@ def main(argv=None) -> dict:
         (out / "results.json").write_text(json.dumps({"args": _args(a), "bf16_pairs": pairs}, indent=1))
         print("\n" + md)
         return {"bf16_pairs": pairs}
-    bf16 = any(r.get("bf16") for r in runs.values())
-    md = (f"Built-in model, arithmetic task, 16 prompts x 8 completions, 32 new tokens, SNR rule eta_max {a.lr:g}, "
-          f"EMA {a.ema:g}, AdamW betas (0.9, 0.99), clip 1.0; seeds {a.seeds} (free oblr train also {a.extra_seeds}); OBLRGRPOTrainer {K} steps"
-          f"{' (TRL default bf16=True: bf16 autocast on CPU)' if bf16 else ''}, oblr train {T} steps. "
-          f"'raw signal' is ||gbar||^2 - V/N of the step, 'smoothed' its bias-corrected EMA (the rule's S before "
-          f"the clamp); 'replay' recomputes every step's lr from the logged (signal, V, N) with an independent "
-          f"controller (`replay_lr`).\n\n" + "\n".join(head + table) + "\n"
-          + ("\n" + bf16_table(pairs) if pairs else ""))
+    md = render(a, runs, pairs)
     (out / "summary.md").write_text(md)
     (out / "results.json").write_text(json.dumps({"args": _args(a), "runs": runs, "bf16_pairs": pairs}, indent=1))
     print("\n" + md)

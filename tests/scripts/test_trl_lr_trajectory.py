@@ -1,7 +1,8 @@
 """benchmarks/trl_lr_trajectory.py without training: its independent replay of the SNR rule agrees with
 oblr.snr.SNRLearningRate on a noisy sequence (negative signals, EMA and clamp both deciding the lr) and not with
 the clamp-before-EMA variant; the recording schedule records each step's statistics, sets the forced lrs on
-the optimizer for the first steps and the rule's afterwards; bad step and batch counts are refused."""
+the optimizer for the first steps and the rule's afterwards; the summary has one row per run and stretch;
+bad step and batch counts are refused."""
 
 from __future__ import annotations
 
@@ -76,3 +77,19 @@ def test_bad_counts_are_refused(argv, named, capsys):
     with pytest.raises(SystemExit):
         tlt.parse_args(argv)
     assert named in capsys.readouterr().err
+
+
+def test_render_has_one_row_per_run_and_stretch(tmp_path):
+    seq = _noisy_sequence(12, seed=2)
+    lrs = tlt.replay_lr(seq, 1e-3, 0.9)[0]
+    steps = [{"signal": s, "V": v, "n": n, "logged_lr": lr, "grad_sq": v / n + s, "reward": 0.2, "entropy": 0.2}
+             for (s, v, n), lr in zip(seq, lrs)]
+    forced = [dict(st, logged_lr=1e-4, rule_lr=st["logged_lr"]) if k < 5 else st for k, st in enumerate(steps)]
+    runs = {"trl seed 0": {"steps": steps[:5], "bf16": True}, "native seed 0": {"steps": steps},
+            "native forced seed 0": {"steps": forced}, "native seed 4": {"steps": steps}}
+    a = tlt.parse_args(["--seeds", "0", "--extra-seeds", "4", "--steps", "12", "--trl-steps", "5"])
+    md = tlt.render(a, runs, [])
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ") and not ln.startswith("| run |")]
+    assert len(rows) == 7 and len(set(rows)) == 7
+    assert sum("seed 4" in r for r in rows) == 2 and "bf16 autocast" in md
+    assert all(r.rstrip(" |").endswith("e-20") or r.rstrip(" |").endswith("0.0e+00") for r in rows)  # replay agrees
