@@ -3,7 +3,9 @@
 Same start model (the built-in checkpoint, fresh per run), same task and held-out set (the built-in arithmetic
 task with its default split), same batch (``--prompts`` x ``--num-generations``, ``--max-completion-length``
 new tokens), same optimizer settings (AdamW, betas (0.9, ``--beta2``), no weight decay, gradient clipping at
-1.0), same steps and seeds. Every final model is scored by the same function (:func:`heldout`): held-out
+1.0), same steps and seeds, float32 throughout (TRL's own default, ``bf16=True``, autocasts TRL's forward passes
+to bf16 even on the CPU, several times slower there; ``--trl-bf16`` asks for it). Every final model is scored by
+the same function (:func:`heldout`): held-out
 sampled accuracy (``--eval-problems`` x ``--eval-samples``, temperature 1, a fixed generator seed) and greedy
 accuracy, with oblr's HF rollout engine; the start model is scored once the same way. The lr trajectory of
 each run is kept (TRL: ``oblr/lr`` or ``learning_rate`` from the log history; native: ``optim/lr``).
@@ -53,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--max-completion-length", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3, help="eta_max of the SNR rule (TRL and native)")
     p.add_argument("--grpo-lr", type=float, default=1e-4, help="GRPOTrainer's constant learning rate")
+    p.add_argument("--trl-bf16", action="store_true",
+                   help="TRL runs with TRL's default bf16=True (bf16 autocast, on the CPU too); default: float32, as "
+                        "oblr train runs")
     p.add_argument("--beta2", type=float, default=0.99, help="AdamW beta2 for every run (oblr train's default)")
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--eval-samples", type=int, default=4)
@@ -93,7 +98,8 @@ def _trl_run(variant: str, seed: int, a, out: Path) -> dict:
                   num_generations=a.num_generations, max_completion_length=a.max_completion_length,
                   max_steps=a.steps, logging_steps=1, save_strategy="no", report_to=[], seed=seed, use_cpu=True,
                   disable_tqdm=True, loss_type="dr_grpo", beta=0.0, lr_scheduler_type="constant",
-                  gradient_checkpointing=False, adam_beta2=a.beta2, weight_decay=0.0, max_grad_norm=1.0)
+                  gradient_checkpointing=False, adam_beta2=a.beta2, weight_decay=0.0, max_grad_norm=1.0,
+                  bf16=a.trl_bf16)
     if variant == "trl-grpo":
         cfg, cls = GRPOConfig(**common, learning_rate=a.grpo_lr, scale_rewards="group"), GRPOTrainer
     elif variant == "trl-oblr-snr":
@@ -141,6 +147,8 @@ def run_one(job: tuple) -> dict:
     variant, seed, a = job
     out = Path(a.out) / variant / f"seed{seed}"
     protocol = {k: getattr(a, k) for k in PROTOCOL}
+    if variant.startswith("trl"):  # TRL runs made before --trl-bf16 existed ran in bf16: not reused
+        protocol["trl_bf16"] = a.trl_bf16
     done = out / "result.json"
     if done.is_file():
         res = json.loads(done.read_text())
@@ -182,7 +190,8 @@ def _ms(xs: list[float]) -> str:
 def table(a, start: dict, runs: list[dict]) -> str:
     lines = [f"Built-in model and arithmetic task, {a.prompts} prompts x {a.num_generations} completions, "
              f"{a.max_completion_length} new tokens, {a.steps} steps, seeds {a.seeds}, AdamW betas (0.9, {a.beta2}), "
-             f"clip 1.0; held-out {a.eval_problems} problems (sampled: x{a.eval_samples}, temperature 1; greedy), "
+             f"clip 1.0, TRL runs in {'bf16 autocast' if a.trl_bf16 else 'float32'}; held-out {a.eval_problems} "
+             f"problems (sampled: x{a.eval_samples}, temperature 1; greedy), "
              f"every model scored by the same function. Start model: sampled {100 * start['sampled']:.1f} %, "
              f"greedy {100 * start['greedy']:.1f} %. Mean ± std over seeds.", "",
              "| run | lr | sampled acc. (%) | greedy acc. (%) | mean lr over steps | steps at lr 0 | per-seed sampled / greedy |",
