@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from .collectives import DEFAULT_BUCKET_MB
 from .env import DistributedSetupError, is_distributed
+from .meta_init import is_empty, materialize
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -54,10 +55,13 @@ def mixed_precision(param_dtype: str | None, reduce_dtype: str = "float32") -> M
 
 
 def shard_model(model: nn.Module, *, param_dtype: str | None = None, reduce_dtype: str = "float32",
-                reshard_after_forward: bool = True, mesh=None) -> nn.Module:
+                reshard_after_forward: bool = True, mesh=None, chunk_mb: float | None = None) -> nn.Module:
     """``fully_shard`` every decoder layer, then the root; gradients summed over ranks. Returns ``model``.
 
-    Needs an initialised process group (torchrun). The model must already be on this rank's device.
+    Needs an initialised process group (torchrun). The model must already be on this rank's device, or
+    have its parameters on the meta device (:func:`oblr.distributed.meta_init.build_empty`): then each rank
+    allocates only its shards and they are filled from rank 0's read of the weights
+    (:func:`oblr.distributed.meta_init.materialize`, ``chunk_mb`` MiB at a time).
     FSDP2 finishes its set-up lazily at the first forward; a one-token forward without gradients is run
     here so that it happens outside :meth:`oblr.gradnorm.BookKeeper.record` (which switches
     ``requires_grad`` off while it records, and FSDP2 would then take every parameter as frozen).
@@ -76,6 +80,12 @@ def shard_model(model: nn.Module, *, param_dtype: str | None = None, reduce_dtyp
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM, 1.0 needs no scaling
+    if is_empty(model):
+        build = getattr(model, "oblr_empty_build", None)
+        if build is None:
+            raise DistributedSetupError("FSDP: the model has parameters on the meta device but no record of where "
+                                        "its weights are (build it with oblr.distributed.meta_init.build_empty)")
+        materialize(model, build, **({} if chunk_mb is None else {"chunk_mb": chunk_mb}))
     device = next(model.parameters()).to_local().device
     with torch.no_grad():
         model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device))

@@ -4,7 +4,8 @@
 Each mode is an object with one interface, used by :func:`oblr.distributed.step.data_parallel_gradient`:
 
 - ``prepare(model) -> model``: make the model ready on every rank (ddp: every rank gets rank 0's
-  parameters and buffers; fsdp: :func:`oblr.distributed.fsdp.shard_model`);
+  parameters and buffers; fsdp: :func:`oblr.distributed.fsdp.shard_model`, which also fills a model
+  built on the meta device -- fsdp's ``meta_init``, on by default, asks the trainer for one);
 - ``grad_sink()``: what the book-keeping path does with each parameter's gradient increment (None:
   ``.grad +=``, the ddp way; fsdp: a :class:`~oblr.distributed.fsdp.ShardedGradSink`);
 - ``reduce_grads(params)``: after the step's accumulation, make ``.grad`` the sum over ranks (ddp: one
@@ -128,18 +129,24 @@ class Sharded:
     def __init__(self, param_dtype: Literal["float32", "bfloat16", "float16"] | None = None,
                  reduce_dtype: Literal["float32", "bfloat16"] = "float32",
                  bucket_mb: Annotated[float, Range(gt=0, le=1e6)] = DEFAULT_BUCKET_MB,
-                 reshard_after_forward: bool = True):
+                 reshard_after_forward: bool = True, meta_init: bool = True,
+                 load_chunk_mb: Annotated[float, Range(gt=0, le=1e7)] = 1024.0):
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.bucket_mb, self.reshard_after_forward = bucket_mb, reshard_after_forward
+        # meta_init: the trainer builds the model with its parameters on the meta device and prepare() fills
+        # each rank's shards from rank 0's read of the weights (oblr.distributed.meta_init); False: every rank
+        # loads the whole model first, then shards it
+        self.meta_init, self.load_chunk_mb = meta_init, load_chunk_mb
         self._sink: ShardedGradSink | None = None
 
     def prepare(self, model: nn.Module) -> nn.Module:
+        """``fully_shard`` the model; a model built on the meta device gets its shards filled here."""
         from .env import require_launch
         from .fsdp import shard_model
 
         require_launch("parallel mode 'fsdp'")
         return shard_model(model, param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype,
-                           reshard_after_forward=self.reshard_after_forward)
+                           reshard_after_forward=self.reshard_after_forward, chunk_mb=self.load_chunk_mb)
 
     def grad_sink(self) -> ShardedGradSink:
         from .fsdp import ShardedGradSink

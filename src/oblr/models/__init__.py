@@ -250,21 +250,29 @@ def quiet_hf_progress() -> None:
 
 
 def load_model_and_tokenizer(name_or_path: str | os.PathLike, *, dtype: str = "float32", device: str = "cpu",
-                             trust_remote_code: bool = False, progress=None):
+                             trust_remote_code: bool = False, progress=None, empty: bool = False):
     """``(model, tokenizer)`` from a local directory, a hub id, or ``"builtin"``.
 
     The tokenizer gets ``padding_side="left"`` and, when it has none, ``pad_token = eos_token``. The model
     is returned in eval mode on ``device`` with ``dtype`` (``float32``, ``bfloat16`` or ``float16``).
+    With ``empty`` and safetensors weights in the folder, its parameters are left on the meta device
+    (:func:`oblr.distributed.meta_init.build_empty`: FSDP2 fills each rank's shards when it shards the model);
+    a folder without safetensors weights (e.g. a sharded checkpoint) loads in full as without ``empty``.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from oblr.distributed.meta_init import build_empty, weight_files
 
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(sorted(_DTYPES))}, got {dtype!r}")
     path = resolve_model_path(name_or_path, progress=progress)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        if is_sharded_checkpoint(path):
+        if empty and weight_files(path):  # (a sharded checkpoint has no *.safetensors)
+            model = build_empty(path, dtype=getattr(torch, _DTYPES[dtype]), device=device,
+                                trust_remote_code=trust_remote_code)
+        elif is_sharded_checkpoint(path):
             model = _from_sharded_checkpoint(path, getattr(torch, _DTYPES[dtype]), trust_remote_code)
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, _DTYPES[dtype]),
@@ -278,7 +286,8 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, *, dtype: str = "f
     tokenizer.padding_side = "left"
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    model.to(device)
+    if not any(p.device.type == "meta" for p in model.parameters()):
+        model.to(device)
     model.eval()
     return model, tokenizer
 

@@ -316,9 +316,15 @@ class Trainer:
         self.plan = self._memory_plan()  # before the weights load: refusals of a plan or checkpointing here
         run_cfg = apply_plan(cfg, self.plan)  # the plan's checkpointing and micro-batch (cfg as the user wrote it)
         torch.manual_seed(cfg.train.seed)
+        # fsdp's meta_init: parameters on the meta device, each rank's shards filled when the model is sharded
+        empty = bool(getattr(self.parallel, "meta_init", False))
         self.model, self.tokenizer = load_model_and_tokenizer(self._model_name(), dtype=cfg.model.dtype,
                                                               device=str(self.device),
-                                                              trust_remote_code=cfg.model.trust_remote_code)
+                                                              trust_remote_code=cfg.model.trust_remote_code,
+                                                              **({"empty": True} if empty else {}))
+        if empty and main and not any(p.device.type == "meta" for p in self.model.parameters()):
+            self._log("distributed.options.meta_init: the model has no safetensors weights to read on rank 0; "
+                      "every rank loaded it in full before sharding")
         if task_accepts(cfg.task.name, "tokenizer") and "tokenizer" not in cfg.task.options:
             # prompts rendered with the model's chat template when the task's template asks for it ("auto"),
             # exactly as `oblr eval` renders them; the data was already validated above
