@@ -16,7 +16,13 @@ from distributed_helpers import SCENARIOS, data_parallel_step
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from oblr.distributed import DistributedSetupError, all_gather_objects, init_distributed, make_parallel, shutdown
+from oblr.distributed import (
+    DistributedSetupError,
+    all_gather_objects,
+    init_distributed,
+    make_parallel,
+    shutdown,
+)
 from oblr.distributed.meta_init import build_empty
 from oblr.distributed.sharded_state import full_model_state
 from oblr.models import place_for_training

@@ -5,7 +5,9 @@ and the book-keeping gradient into the sharded ``.grad``.
 ``_no_split_modules``) and then to the root (embeddings, final norm and head: a tied embedding stays ONE
 parameter there), with an optional :class:`MixedPrecisionPolicy` (e.g. bf16 parameters for compute and
 fp32 gradient reductions). Parameters become DTensors sharded on dim 0 (``Shard(0)``, uneven shards as
-``torch.chunk`` cuts them); the forward all-gathers each layer's parameters and frees them again.
+``torch.chunk`` cuts them); the forward all-gathers each layer's parameters and frees them again. A model
+built on the meta device (:mod:`oblr.distributed.meta_init`) is sharded first and then filled, so that no
+rank holds a full copy of it at start-up.
 The gradient divide factor is set to 1: the loss factors c_i already divide by the global batch, so the
 gradient is the SUM over ranks (FSDP2's default would average).
 

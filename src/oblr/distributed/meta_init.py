@@ -33,7 +33,9 @@ from torch import nn
 
 from .env import DistributedSetupError
 
-DEFAULT_CHUNK_MB = 1024.0  # rank 0 holds at most this much of full tensors at a time (besides its shards)
+# rank 0 holds at most this much of full tensors at a time besides its shards (or the largest tensor, if larger);
+# each chunk costs one pass of load_state_dict over the shards (benchmarks/fsdp_startup_memory.py)
+DEFAULT_CHUNK_MB = 64.0
 
 
 @dataclass(frozen=True)

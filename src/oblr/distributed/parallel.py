@@ -130,7 +130,7 @@ class Sharded:
                  reduce_dtype: Literal["float32", "bfloat16"] = "float32",
                  bucket_mb: Annotated[float, Range(gt=0, le=1e6)] = DEFAULT_BUCKET_MB,
                  reshard_after_forward: bool = True, meta_init: bool = True,
-                 load_chunk_mb: Annotated[float, Range(gt=0, le=1e7)] = 1024.0):
+                 load_chunk_mb: Annotated[float, Range(gt=0, le=1e7)] = 64.0):
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.bucket_mb, self.reshard_after_forward = bucket_mb, reshard_after_forward
         # meta_init: the trainer builds the model with its parameters on the meta device and prepare() fills
