@@ -17,7 +17,8 @@ Each run is ``oblr train`` in a subprocess with its folder at ``--runs/<method>`
 ``--jobs 2`` at once (interleaved by the OS: on a loaded machine the wall time of each suffers alike); a
 folder holding ``summary.json`` is finished and not run again. Both runs evaluate the held-out set at step
 0 with the same weights, problems and seed, so their start accuracies must agree (a check of the setup). The report reads each folder's ``metrics.jsonl`` (per step:
-``train/reward_mean``, ``optim/lr``, ``train/response_length_mean``, ``time/step``; the held-out
+``train/reward_mean``, ``optim/lr``, ``train/response_length_mean``, ``time/step``, and for the SNR rule
+``snr/S``, ``snr/V``, ``snr/factor``; the held-out
 ``eval/accuracy_greedy`` and ``eval/accuracy_sampled`` at the start and the end) and writes
 ``<out>/results.json``, ``<out>/summary.md`` and a PNG of the reward and lr curves (``--figure``).
 """
@@ -40,7 +41,7 @@ METHODS = {
     "grpo-const": ["algorithm.baseline=grpo", "algorithm.lr_schedule=constant"],
 }
 STEP_KEYS = ("train/reward_mean", "optim/lr", "train/response_length_mean", "train/truncated_share",
-             "optim/grad_norm", "time/step")
+             "optim/grad_norm", "time/step", "snr/S", "snr/V", "snr/factor")
 EVAL_KEYS = ("eval/accuracy_greedy", "eval/accuracy_sampled")
 
 
@@ -152,9 +153,12 @@ def render_md(results: dict) -> str:
                      f"{_pct(r['start_sampled'])} -> {_pct(r['end_sampled'])} | {_g(r['reward_first_half'], '.3f')} -> "
                      f"{_g(r['reward_second_half'], '.3f')} | {_g(r['lr_mean'], '.2e')} ({_g(r['lr_min'], '.1e')}-"
                      f"{_g(r['lr_max'], '.1e')}) | {_g(r['length_mean'], '.1f')} | {_g(r['seconds_per_step'], '.1f')} |")
-    lines += ["", "Per-step reward (mean over the N x G samples of the step):", ""]
+    lines += ["", "Per step (mean reward over the N x G samples; lr used; SNR factor where the rule runs):", ""]
     for m, run in results["runs"].items():
-        lines.append(f"- {m}: " + " ".join(_g(s["train/reward_mean"], ".2f") for s in run["steps"]))
+        lines.append(f"- {m} reward: " + " ".join(_g(s["train/reward_mean"], ".2f") for s in run["steps"]))
+        lines.append(f"- {m} lr: " + " ".join(_g(s["optim/lr"], ".2g") for s in run["steps"]))
+        if any(s.get("snr/factor") is not None for s in run["steps"]):
+            lines.append(f"- {m} SNR factor: " + " ".join(_g(s.get("snr/factor"), ".2g") for s in run["steps"]))
     return "\n".join(lines) + "\n"
 
 
