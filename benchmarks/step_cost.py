@@ -3,8 +3,10 @@
     python benchmarks/step_cost.py            # the full table (4 cases, ~10 minutes on 2 shared CPU cores)
     python benchmarks/step_cost.py --quick    # one small case, well under a minute
     python benchmarks/step_cost.py --markdown docs/perf_table.md
+    python benchmarks/step_cost.py --model prepared:smollm2-135m-instruct --methods oblr   # a real checkpoint
 
-For each case (a random-init Qwen3-shaped model and a batch of N*G sequences) every method of
+For each case (a random-init Qwen3-shaped model, or with ``--model`` a real checkpoint, fully fine-tuned
+and with LoRA adapters of ``--lora-rank``; and a batch of N*G sequences) every method of
 ``step_methods.py`` runs one update step: ``zero_grad``, gradient accumulation, ``AdamW.step`` (learning
 rate 0, so the model is identical for every call and every method); no generation. Per method:
 
@@ -51,6 +53,18 @@ FULL_CASES = [
     # deep and long: where activation checkpointing matters (--methods grpo,oblr,grpo_ckpt,oblr_ckpt --cases 5)
     Case(hidden=128, layers=8, vocab=4096, prompt_len=32, response_len=480, n_prompts=2, group_size=4),
 ]
+
+
+#: with --model: prompt tokens, response tokens, prompts N, samples G (the shape of
+#: configs/real-model/smollm2-arith-chat-lora.yaml: its chat prompts are about 40-45 tokens)
+MODEL_SHAPE = (48, 48, 4, 4)
+
+
+def model_cases(model: str, lora_rank: int, shape: tuple[int, int, int, int] = MODEL_SHAPE) -> list[Case]:
+    """A real checkpoint at one batch shape: full fine-tuning, then LoRA of ``lora_rank`` (0: only full)."""
+    P, L, N, G = shape
+    base = dict(hidden=0, layers=0, vocab=0, prompt_len=P, response_len=L, n_prompts=N, group_size=G, model=model)
+    return [Case(**base)] + ([Case(**base, lora_rank=lora_rank)] if lora_rank else [])
 
 
 @dataclass
@@ -140,7 +154,7 @@ def _grads(ctx: Ctx) -> torch.Tensor:
 def run_case(case: Case, *, repeats: int = 3, only: list[str] | None = None, log=None) -> CaseResult:
     """Warm-up (memory + gradient check) and ``repeats`` interleaved timed calls of every method on ``case``."""
     model = build_model(case)
-    batch, rewards = build_batch(case)
+    batch, rewards = build_batch(case, vocab=model.config.vocab_size if case.model else None)
     ctx = Ctx(model, batch, rewards, max_len=case.response_len, micro_batch_groups=case.micro_batch_groups)
     opt = torch.optim.AdamW(ctx.params(), lr=0.0)
     opt.zero_grad(set_to_none=False)
@@ -203,6 +217,12 @@ def main(argv=None) -> int:
     ap.add_argument("--malloc", choices=("retain", "default"), default="retain",
                     help="retain: keep freed memory in the process (glibc mallopt, see retain_freed_memory); "
                          "default: the C library's defaults")
+    ap.add_argument("--model", default=None,
+                    help="a real checkpoint (what model.name_or_path takes, e.g. prepared:smollm2-135m-instruct) "
+                         "instead of the random-init cases: full fine-tuning and LoRA, in one run")
+    ap.add_argument("--lora-rank", type=int, default=8, help="with --model: the LoRA case's rank (0 = no LoRA case)")
+    ap.add_argument("--shape", default=",".join(map(str, MODEL_SHAPE)),
+                    help="with --model: prompt tokens, response tokens, N, G (default %(default)s)")
     ap.add_argument("--markdown", type=Path, default=None, help="also write the tables as markdown to FILE")
     args = ap.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
@@ -215,7 +235,17 @@ def main(argv=None) -> int:
     known = {m.name for m in methods()}
     if only and set(only) - known:
         ap.error(f"unknown methods {sorted(set(only) - known)}; known: {sorted(known)}")
-    cases = QUICK_CASES if args.quick else FULL_CASES
+    if args.lora_rank < 0:
+        ap.error(f"--lora-rank must be >= 0, got {args.lora_rank}")
+    try:
+        shape = tuple(int(x) for x in args.shape.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        ap.error(f"--shape takes four positive integers P,L,N,G, got {args.shape!r}")
+    if args.model and args.quick:
+        ap.error("--quick and --model exclude each other")
+    cases = model_cases(args.model, args.lora_rank, shape) if args.model else QUICK_CASES if args.quick else FULL_CASES
     if args.cases:
         try:
             cases = [cases[int(i)] for i in args.cases.split(",")]

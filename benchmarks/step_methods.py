@@ -47,6 +47,8 @@ from oblr.losses import policy_loss, sequence_scale
 from oblr.update import UpdateSettings, accumulate_policy_gradient
 
 AGGREGATION = "seq_sum_const"
+#: LoRA targets of a real-model case: the trainer's default ``model.lora_targets``
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass(frozen=True)
@@ -67,9 +69,18 @@ class Case:
     kv_heads: int = 2
     head_dim: int = 0  # 0: hidden / heads
     intermediate: int = 0  # 0: 3 * hidden
+    #: a real checkpoint instead of the random Qwen3 (anything ``model.name_or_path`` takes, e.g.
+    #: ``prepared:smollm2-135m-instruct``); ``hidden``/``layers``/``vocab``/``tied`` are then read from it
+    model: str = ""
+    #: with ``model``: train LoRA adapters of this rank (alpha 2 x rank) on :data:`LORA_TARGETS` (0 = every weight)
+    lora_rank: int = 0
 
     @property
     def name(self) -> str:
+        if self.model:
+            how = f"LoRA r={self.lora_rank} on {'/'.join(LORA_TARGETS)}" if self.lora_rank else "full fine-tuning"
+            return (f"{self.model} ({how}); T = {self.prompt_len}+{self.response_len}; "
+                    f"B = {self.n_prompts}x{self.group_size}")
         tie = "tied" if self.tied else "untied"
         mb = (f"; micro-batches of {self.micro_batch_groups * self.group_size} sequences"
               if self.micro_batch_groups else "")
@@ -92,20 +103,30 @@ def qwen3_config(case: Case):
 
 
 def build_model(case: Case, seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """Random-init ``Qwen3ForCausalLM`` of :func:`qwen3_config` (train mode) in ``dtype`` on ``device``."""
+    """Random-init ``Qwen3ForCausalLM`` of :func:`qwen3_config` (train mode) in ``dtype`` on ``device``; with
+    ``case.model``, that checkpoint (:func:`oblr.models.load_model_and_tokenizer`), LoRA-wrapped when
+    ``case.lora_rank``."""
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(seed)
+    if case.model:
+        from oblr.models import load_model_and_tokenizer, wrap_lora
+
+        model, _ = load_model_and_tokenizer(case.model, dtype=str(dtype).removeprefix("torch."), device=device)
+        if case.lora_rank:
+            model = wrap_lora(model, rank=case.lora_rank, alpha=2 * case.lora_rank, targets=list(LORA_TARGETS))
+        return model.train()
     with torch.device(device):
         model = Qwen3ForCausalLM(qwen3_config(case))
     return model.to(dtype).train()
 
 
-def build_batch(case: Case, seed: int = 0):
+def build_batch(case: Case, seed: int = 0, vocab: int | None = None):
     """A rollout-shaped batch and rewards [N, G].
 
     Prompts fill the first ``prompt_len`` columns (no left padding); responses are right-padded with
-    random lengths in ``[response_len/2, response_len]`` (row 0 has the full length). Rewards are 0/1 with
+    random lengths in ``[response_len/2, response_len]`` (row 0 has the full length); token ids are uniform in
+    ``[1, vocab)`` (``vocab``: default ``case.vocab``; a real model's own size). Rewards are 0/1 with
     sample 0 of every group right and sample 1 wrong, so every group carries signal.
     """
     gen = torch.Generator().manual_seed(seed)
@@ -116,7 +137,7 @@ def build_batch(case: Case, seed: int = 0):
     cols = torch.arange(T)
     am = (cols[None, :] < P + lengths[:, None]).long()
     rm = am * (cols[None, :] >= P).long()
-    ids = torch.randint(1, case.vocab, (B, T), generator=gen) * am
+    ids = torch.randint(1, vocab or case.vocab, (B, T), generator=gen) * am
     rewards = (torch.rand(N, G, generator=gen) < 0.5).float()
     rewards[:, 0], rewards[:, 1] = 1.0, 0.0
     batch = SimpleNamespace(input_ids=ids, attention_mask=am, response_mask=rm, response_lengths=lengths,

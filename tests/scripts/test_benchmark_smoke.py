@@ -76,6 +76,26 @@ def test_main_quick_prints_ratio_line_and_markdown(tmp_path, monkeypatch, capsys
     assert "| grpo |" in md and "| oblr |" in md and "| loop |" not in md
 
 
+def test_main_with_a_real_checkpoint_runs_full_and_lora_in_one_run(tmp_path, capsys):
+    """--model on the real-checkpoint path at test size (a Llama prepared from a GGUF file, as SmolLM2-135M)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("peft")
+    from gguf_helpers import prepared_tiny_llama
+
+    model = prepared_tiny_llama(tmp_path)
+    out_md = tmp_path / "table.md"
+    assert step_cost.main(["--model", str(model), "--shape", "6,5,2,2", "--lora-rank", "2", "--repeats", "1",
+                           "--methods", "oblr", "--markdown", str(out_md)]) == 0
+    md = out_md.read_text()
+    full, lora = md.split("\n\n**")[1:3]
+    assert "(full fine-tuning); T = 6+5; B = 2x2" in full and "(LoRA r=2 on q_proj/k_proj/v_proj/o_proj)" in lora
+    params = [float(re.search(r"\(([\d.]+)M trainable parameters\)", t).group(1)) for t in (full, lora)]
+    assert params[1] < params[0] / 10
+    for table in (full, lora):
+        assert "| grpo |" in table and "| oblr |" in table and "not measured" not in table
+    assert re.fullmatch(r"oblr/grpo step-time ratio: \d+\.\d\d", capsys.readouterr().out.strip().splitlines()[-1])
+
+
 def test_bad_arguments_are_rejected():
     with pytest.raises(SystemExit):
         step_cost.main(["--methods", "nope"])
@@ -83,6 +103,9 @@ def test_bad_arguments_are_rejected():
         step_cost.main(["--repeats", "0"])
     with pytest.raises(SystemExit):
         step_cost.main(["--cases", "99"])
+    for bad in (["--shape", "4,4,2"], ["--shape", "4,0,2,2"], ["--lora-rank", "-1"], ["--model", "x", "--quick"]):
+        with pytest.raises(SystemExit):
+            step_cost.main(bad)
 
 
 def test_rollout_engines_runs_the_hf_engine_and_tables_it(small_builtin, capsys):

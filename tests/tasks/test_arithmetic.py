@@ -178,3 +178,39 @@ def test_noisy_solution():
         changed += sol != ex.meta["solution"]
     assert 0.17 < flipped / total < 0.23
     assert changed > len(t.train) // 3
+
+
+def _chat_tokenizer():
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    return tok
+
+
+def test_chat_template_prompts_and_free_form_reward():
+    qa = arithmetic_task(seed=4, n_train=30, n_eval=10, min_ops=1, max_ops=1, max_operand=10, ops="+-")
+    chat = get_task("arithmetic", seed=4, n_train=30, n_eval=10, min_ops=1, max_ops=1, max_operand=10, ops="+-",
+                    template="chat", tokenizer=_chat_tokenizer())
+    # same problems, same answers, only the prompt differs
+    assert [e.answer for e in chat.train + chat.eval] == [e.answer for e in qa.train + qa.eval]
+    ex = chat.eval[0]
+    expr = ex.meta["expression"]
+    assert ex.prompt == f"<|user|>What is {expr}? Answer with the number only.<|end|><|assistant|>"
+    right, wrong = int(ex.answer), int(ex.answer) + 1
+    # an instruction-tuned model answers in prose: the last number counts (GSM8K grader), no #### needed
+    assert chat.reward(f"{expr} = {right}", ex) == 1.0
+    assert chat.reward(f"{expr} = {right}.", ex) == 1.0 and chat.reward(str(right), ex) == 1.0
+    assert chat.reward(f"{expr} = {wrong}", ex) == 0.0 and chat.reward("I don't know", ex) == 0.0
+    assert chat.reward(f"#### {right}", ex) == 1.0 and chat.extract_answer(f"so it is {right}") == str(right)
+    # the qa template keeps the strict "#### <int>" reward
+    assert qa.reward(f"{expr} = {right}", qa.eval[0]) == 0.0 and qa.reward(f" #### {right}", qa.eval[0]) == 1.0
+    assert qa.extract_answer(f"so it is {right}") is None
+
+
+def test_chat_template_option_is_checked():
+    with pytest.raises(ValueError, match="template"):
+        get_task("arithmetic", n_train=5, n_eval=5, template="fancy")

@@ -221,3 +221,40 @@ def test_math_task_prompts_use_the_models_chat_template_like_oblr_eval(small_bui
     trainer.logger.close()
     assert trainer.task.train[0].prompt.startswith("<|user|>0+1?")
     assert trainer.eval_examples[0].prompt.endswith("<|assistant|>")
+
+
+@pytest.mark.parametrize("with_template", [True, False])
+def test_arithmetic_chat_template_from_the_models_tokenizer_and_one_honest_warning(small_builtin, tmp_path,
+                                                                                    monkeypatch, with_template):
+    import shutil
+    import warnings
+
+    from transformers import AutoTokenizer
+
+    import oblr.tasks.templates as templates
+
+    monkeypatch.setattr(templates, "_warned_no_chat", False)
+    model_dir = tmp_path / "chat-model"
+    shutil.copytree(small_builtin, model_dir)
+    if with_template:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        tok.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>"
+        tok.save_pretrained(model_dir)
+    cfg = load_config(None, [f"model.name_or_path={model_dir}", "task.name=arithmetic", "rollout.prompts_per_step=2",
+                             "task.options={n_train: 20, n_eval: 4, min_ops: 1, max_ops: 1, template: chat}",
+                             f"train.output_dir={tmp_path / 'run'}"])
+    trainer = Trainer(cfg, quiet=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer._setup()
+    trainer.logger.close()
+    fallback = [w for w in caught if "no chat template" in str(w.message)]
+    expr = trainer.task.train[0].meta["expression"]
+    if with_template:
+        # the data check before the model loads renders without a tokenizer: that must not warn
+        assert fallback == []
+        assert trainer.task.train[0].prompt == f"<|user|>What is {expr}? Answer with the number only.<|assistant|>"
+    else:  # a tokenizer without a chat template: warned once, the plain format used
+        assert len(fallback) == 1
+        assert trainer.task.train[0].prompt == f"User: What is {expr}? Answer with the number only.\nAssistant:"
+    assert trainer.task.reward(f"{expr} = {trainer.task.train[0].answer}", trainer.task.train[0]) == 1.0

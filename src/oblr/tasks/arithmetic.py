@@ -17,6 +17,17 @@ token except ``"Q:"``, ``"A:"`` and ``"####"``.
 
 Train and eval sets are deterministic functions of ``seed`` and disjoint (no expression string is in
 both). The eval set is drawn first from its own random stream, so it does not change with ``n_train``.
+
+Prompt styles (option ``template``):
+
+- ``"qa"`` (default): the format above, for the built-in model; reward 1.0 iff the final ``#### <int>``
+  equals the answer.
+- ``"chat"``: for an instruction-tuned model: one user turn :data:`CHAT_QUESTION` (``"What is (17+5)*3-8?
+  Answer with the number only."``) rendered by the tokenizer's chat template
+  (:func:`oblr.tasks.templates.chat_prompt`; the trainer passes the model's tokenizer). Such a model
+  answers in free form (``"17 + 5 = 22, ... = 58"``), so the reward is the GSM8K grader's verdict
+  (:func:`oblr.grading.grade`, ``kind="gsm8k"``: the last answer statement, else the last number, read
+  as a value), the one ``oblr eval`` uses for GSM8K.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from oblr.checks import Range
 from oblr.tasks.base import Example, Task, draw_distinct, register_task
@@ -153,8 +164,20 @@ def solve_chain(start: int, chain: list[tuple[str, int, bool]],
     return steps, value
 
 
+#: the user turn of the ``chat`` template
+CHAT_QUESTION = "What is {expression}? Answer with the number only."
+
+
 def format_prompt(expression: str) -> str:
     return f"Q: {expression}\nA:"
+
+
+def chat_example(example: Example, tokenizer: Any) -> Example:
+    """``example`` with its prompt in the ``chat`` template (same answer and meta)."""
+    from oblr.tasks.templates import chat_prompt
+
+    text = chat_prompt(CHAT_QUESTION.format(expression=example.meta["expression"]), tokenizer=tokenizer)
+    return Example(prompt=text, answer=example.answer, meta=example.meta)
 
 
 def format_solution(steps: list[str], answer: int) -> str:
@@ -195,16 +218,23 @@ def _draw(rng: random.Random, cfg: ArithmeticConfig, n: int, exclude: set[str], 
 
 
 class ArithmeticTask(Task):
-    """Generated arithmetic problems; reward 1.0 iff the final ``#### <int>`` equals the answer."""
+    """Generated arithmetic problems; reward 1.0 iff the final ``#### <int>`` equals the answer (template
+    ``"qa"``), or iff the GSM8K grader accepts the response (template ``"chat"``)."""
 
     name = "arithmetic"
 
-    def __init__(self, train: list[Example], eval: list[Example], config: ArithmeticConfig, seed: int):
+    def __init__(self, train: list[Example], eval: list[Example], config: ArithmeticConfig, seed: int,
+                 template: str = "qa"):
         super().__init__(train, eval)
         self.config = config
         self.seed = seed
+        self.template = template
 
     def reward(self, response: str, example: Example) -> float:
+        if self.template == "chat":
+            from oblr.grading import grade
+
+            return 1.0 if grade(response, example.answer, kind="gsm8k") else 0.0
         got = parse_final_answer(response)
         if got is None:
             return 0.0
@@ -215,6 +245,11 @@ class ArithmeticTask(Task):
 
     def extract_answer(self, response: str) -> str | None:
         """The final answer of ``response`` (what ``oblr eval``'s majority vote counts), or None."""
+        if self.template == "chat":
+            from oblr.grading import extract_gsm8k_number
+
+            value, _ = extract_gsm8k_number(response)
+            return None if value is None else (str(value.numerator) if value.denominator == 1 else str(value))
         got = parse_final_answer(response)
         return None if got is None else str(got)
 
@@ -225,13 +260,17 @@ def arithmetic_task(*, seed: int = 0, n_train: Annotated[int, Range(ge=0, le=MAX
                     min_ops: Annotated[int | None, Range(ge=1, le=12)] = None,
                     max_ops: Annotated[int | None, Range(ge=1, le=12)] = None,
                     max_operand: Annotated[int | None, Range(ge=2, le=10**9)] = None,
-                    max_value: Annotated[int | None, Range(ge=2, le=10**12)] = None, ops: str = "+-*") -> ArithmeticTask:
+                    max_value: Annotated[int | None, Range(ge=2, le=10**12)] = None, ops: str = "+-*",
+                    template: Literal["qa", "chat"] = "qa", tokenizer: Any = None) -> ArithmeticTask:
     """Build the arithmetic task. Explicit ``min_ops``/``max_ops``/``max_operand``/``max_value`` override
-    the ``difficulty`` preset (see :data:`DIFFICULTIES`). The annotations' ranges are checked with the config
+    the ``difficulty`` preset (see :data:`DIFFICULTIES`). ``template``: ``"qa"`` or ``"chat"`` (module
+    docstring; ``tokenizer`` renders the chat prompts). The annotations' ranges are checked with the config
     (``task.options``) before anything is built."""
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"arithmetic task: unknown difficulty {difficulty!r}; "
                          f"choose one of {', '.join(DIFFICULTIES)}")
+    if template not in ("qa", "chat"):
+        raise ValueError(f"arithmetic task: unknown template {template!r}; choose 'qa' or 'chat'")
     if n_train < 0 or n_eval < 0:
         raise ValueError(f"arithmetic task: n_train and n_eval must be >= 0, got {n_train}, {n_eval}")
     p = DIFFICULTIES[difficulty]
@@ -248,4 +287,7 @@ def arithmetic_task(*, seed: int = 0, n_train: Annotated[int, Range(ge=0, le=MAX
     eval_set = _draw(random.Random(f"oblr-arith-eval-{seed}"), cfg, n_eval, set(), "eval")
     eval_exprs = {ex.meta["expression"] for ex in eval_set}
     train_set = _draw(random.Random(f"oblr-arith-train-{seed}"), cfg, n_train, eval_exprs, "train")
-    return ArithmeticTask(train_set, eval_set, cfg, seed)
+    if template == "chat":
+        eval_set = [chat_example(ex, tokenizer) for ex in eval_set]
+        train_set = [chat_example(ex, tokenizer) for ex in train_set]
+    return ArithmeticTask(train_set, eval_set, cfg, seed, template)

@@ -20,6 +20,8 @@ Styles (``template=``):
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 INSTRUCTIONS = {
@@ -46,6 +48,19 @@ def resolve_template(template: str, tokenizer: Any = None) -> str:
 
 
 _warned_no_chat = False
+_quiet_fallback = 0
+
+
+@contextmanager
+def no_fallback_warning() -> Iterator[None]:
+    """Inside, a chat prompt rendered without a chat template gives no warning and does not count as warned:
+    for prompts that are thrown away, like the trainer's data check before the model's tokenizer loads."""
+    global _quiet_fallback
+    _quiet_fallback += 1
+    try:
+        yield
+    finally:
+        _quiet_fallback -= 1
 
 
 def render_prompt(question: str, *, kind: str = "math", template: str = "auto", tokenizer: Any = None,
@@ -55,7 +70,6 @@ def render_prompt(question: str, *, kind: str = "math", template: str = "auto", 
     ``kind``: ``"math"`` or ``"gsm8k"`` (picks the instruction). ``system``: an optional system message
     (chat style only).
     """
-    global _warned_no_chat
     if kind not in INSTRUCTIONS:
         raise ValueError(f"unknown prompt kind {kind!r}; known: {', '.join(INSTRUCTIONS)}")
     style = resolve_template(template, tokenizer)
@@ -64,11 +78,18 @@ def render_prompt(question: str, *, kind: str = "math", template: str = "auto", 
         return question
     if style == "base":
         return BASE_FORMAT.format(question=question, instruction=instruction)
-    content = f"{question}\n{instruction}"
+    return chat_prompt(f"{question}\n{instruction}", tokenizer=tokenizer, system=system)
+
+
+def chat_prompt(content: str, *, tokenizer: Any = None, system: str | None = None) -> str:
+    """One user turn ``content`` (after an optional ``system`` message) rendered by the tokenizer's chat template
+    with the generation prompt; a tokenizer without a chat template (or none) gives :data:`PLAIN_CHAT_FORMAT`,
+    with a warning (once per process)."""
+    global _warned_no_chat
     if not has_chat_template(tokenizer):
-        if not _warned_no_chat:
+        if not _warned_no_chat and not _quiet_fallback:
             warnings.warn("template 'chat' asked but the tokenizer has no chat template; using the plain "
-                          f"format {PLAIN_CHAT_FORMAT!r}", RuntimeWarning, stacklevel=2)
+                          f"format {PLAIN_CHAT_FORMAT!r}", RuntimeWarning, stacklevel=3)
             _warned_no_chat = True
         text = PLAIN_CHAT_FORMAT.format(content=content)
         return f"{system}\n{text}" if system else text

@@ -20,6 +20,7 @@ on every exit path and describes what metrics.jsonl holds. docs/faults.md lists 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,7 @@ from oblr.rollout import generate_and_score, make_engine
 from oblr.schedules import make_lr_controller
 from oblr.tasks import get_task, reward_scorer
 from oblr.tasks.base import RewardFailures, step_prompt_indices, task_accepts
+from oblr.tasks.templates import no_fallback_warning
 from oblr.tracking.sinks import close_sinks, open_sinks
 from oblr.train import checkpoint as ckpt
 from oblr.train import run_dir as rundir
@@ -308,7 +310,10 @@ class Trainer:
         if cfg.train.threads > 0:
             torch.set_num_threads(cfg.train.threads)
         # data first: a malformed data file fails before a model loads
-        self.task = get_task(cfg.task.name, **cfg.task.options)
+        needs_tokenizer = task_accepts(cfg.task.name, "tokenizer") and "tokenizer" not in cfg.task.options
+        with no_fallback_warning() if needs_tokenizer else contextlib.nullcontext():
+            # prompts built here are rebuilt with the model's tokenizer below: no "no chat template" warning
+            self.task = get_task(cfg.task.name, **cfg.task.options)
         if len(self.task.train) < cfg.rollout.prompts_per_step:
             raise ConfigError(f"config key 'rollout.prompts_per_step': {cfg.rollout.prompts_per_step} exceeds the "
                               f"{len(self.task.train)} training prompts of task {cfg.task.name!r}")
@@ -325,7 +330,7 @@ class Trainer:
         if empty and main and not any(p.device.type == "meta" for p in self.model.parameters()):
             self._log("distributed.options.meta_init: the model has no safetensors weights to read on rank 0; "
                       "every rank loaded it in full before sharding")
-        if task_accepts(cfg.task.name, "tokenizer") and "tokenizer" not in cfg.task.options:
+        if needs_tokenizer:
             # prompts rendered with the model's chat template when the task's template asks for it ("auto"),
             # exactly as `oblr eval` renders them; the data was already validated above
             self.task = get_task(cfg.task.name, **cfg.task.options, tokenizer=self.tokenizer)
