@@ -52,6 +52,12 @@ FULL_CASES = [
          micro_batch_groups=2),
     # deep and long: where activation checkpointing matters (--methods grpo,oblr,grpo_ckpt,oblr_ckpt --cases 5)
     Case(hidden=128, layers=8, vocab=4096, prompt_len=32, response_len=480, n_prompts=2, group_size=4),
+    # the same model at T = 1024 (issue 26: peak memory with checkpointing; --cases 6, same methods)
+    Case(hidden=128, layers=8, vocab=4096, prompt_len=32, response_len=992, n_prompts=2, group_size=4),
+    # real shapes, deep and narrow with short responses: a Qwen3-architecture model shaped like SmolLM2-135M
+    # (30 layers, hidden 576, 9/3 heads of 64, MLP 1536, vocab 49152 tied); --methods grpo,oblr --cases 7
+    Case(hidden=576, layers=30, vocab=49152, prompt_len=32, response_len=128, n_prompts=2, group_size=4,
+         heads=9, kv_heads=3, head_dim=64, intermediate=1536),
 ]
 
 

@@ -40,6 +40,10 @@ MEMORY_COST = 8
 #: elements one chunk of per-sample Gram or materialised matrices may hold (float32: 256 MiB)
 CHUNK_ELEMS = 1 << 26
 
+#: an Outer's rows are trimmed to their non-zero token windows (:func:`token_windows`) when that drops at
+#: least this fraction of its tokens
+TRIM_MIN_FRACTION = 0.1
+
 
 @dataclass(frozen=True)
 class Grouping:
@@ -103,10 +107,15 @@ class Outer:
     """``G_k = sum_t left[k, t] right[k, t]^T``, viewed as ``shape`` (whose numel is R*C).
 
     left: [K, T, R] float, or [K, T] long ids (one-hot rows of an R-row table); right: [K, T, C].
+    ``win``: optional per-row token windows ``(first, last)`` (two lists of K ints): row k's tokens outside
+    ``first[k]:last[k]`` contribute nothing (their gradient factor is zero), so Grams and per-group products
+    may skip them (:func:`token_windows`).
     """
 
-    def __init__(self, left: Tensor, right: Tensor, shape: torch.Size | tuple[int, ...]):
+    def __init__(self, left: Tensor, right: Tensor, shape: torch.Size | tuple[int, ...],
+                 win: tuple[list[int], list[int]] | None = None):
         self.left, self.right, self.shape = left, right, tuple(shape)
+        self.win = win
         self.C = right.shape[-1]
         self.R = self.shape[0] if self.is_index else left.shape[-1]
         if self.R * self.C != _numel(self.shape):
@@ -128,10 +137,12 @@ class Outer:
         left = self.left if self.is_index else self.left.float()
         right = self.right.float()
         if grp.index is None:
-            return Outer(left, right, self.shape)
+            return Outer(left, right, self.shape, self.win)
         K, M = grp.index.shape
         # scale the cheaper dense factor (never the ids)
         scale_right = self.is_index or self.C <= self.R
+        if self.win is not None:
+            return self._regroup_packed(left, right, grp, scale_right)
 
         def gather(t: Tensor) -> Tensor:
             if grp.contiguous:
@@ -148,8 +159,37 @@ class Outer:
         left = left.reshape(K, M * T) if self.is_index else left.reshape(K, M * T, self.R)
         return Outer(left, right.reshape(K, M * T, self.C), self.shape)
 
+    def _regroup_packed(self, left: Tensor, right: Tensor, grp: Grouping, scale_right: bool) -> Outer:
+        """Sample k = the scaled windows of its rows, packed one after another and zero-padded to the longest
+        sample: [K, N, .] with N <= M T (exact: padding tokens have zero factors)."""
+        first, last = self.win
+        index, scale = grp.index.tolist(), grp.scale.tolist()
+        parts = [[(i, s) for i, s in zip(idx, sc) if s != 0 and last[i] > first[i]] for idx, sc in zip(index, scale)]
+        N = max(1, max(sum(last[i] - first[i] for i, _ in p) for p in parts))
+        K = len(parts)
+        lo = left.new_zeros((K, N) if self.is_index else (K, N, self.R))
+        ro = right.new_zeros(K, N, self.C)
+        for k, p in enumerate(parts):
+            pos = 0
+            for i, s in p:
+                a, b = first[i], last[i]
+                n = b - a
+                if scale_right:
+                    lo[k, pos:pos + n] = left[i, a:b]
+                    torch.mul(right[i, a:b], s, out=ro[k, pos:pos + n])
+                else:
+                    torch.mul(left[i, a:b], s, out=lo[k, pos:pos + n])
+                    ro[k, pos:pos + n] = right[i, a:b]
+                pos += n
+        return Outer(lo, ro, self.shape)
+
     def slice(self, k0: int, k1: int) -> Outer:
-        return Outer(self.left[k0:k1], self.right[k0:k1], self.shape)
+        win = None if self.win is None else (self.win[0][k0:k1], self.win[1][k0:k1])
+        return Outer(self.left[k0:k1], self.right[k0:k1], self.shape, win)
+
+    def row(self, k: int, a: int, b: int) -> Outer:
+        """Row ``k``'s tokens ``a:b`` as a one-sample Outer."""
+        return Outer(self.left[k:k + 1, a:b], self.right[k:k + 1, a:b], self.shape)
 
     def materialize(self) -> Tensor:
         """[K, *shape] float32."""
@@ -253,9 +293,22 @@ class GramCache:
             g = self._grams[(k0, k1)] = torch.bmm(tc, tc.transpose(1, 2))
         return g
 
+    def gram_row(self, t: Tensor, k: int, a: int, b: int) -> Tensor:
+        """``t[k, a:b] t[k, a:b]^T`` [b-a, b-a], cached like :meth:`gram`."""
+        key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+        if key != self._key:
+            self._key, self._tensor, self._grams = key, t, {}
+        g = self._grams.get(("row", k, a, b))
+        if g is None:
+            r = t[k, a:b]
+            g = self._grams[("row", k, a, b)] = r @ r.T
+        return g
+
 
 def ghost_inner(a: Outer, b: Outer, cache: GramCache | None = None) -> Tensor:
     """<G_a[k], G_b[k]> = sum_{t,s} (left_a,t . left_b,s)(right_a,t . right_b,s). [K] float32."""
+    if a.win is not None or b.win is not None:
+        return _ghost_inner_windows(a, b, cache)
     out = []
     for k0, k1 in _chunks(a.K, 2 * a.T * b.T):
         ac, bc = a.slice(k0, k1), b.slice(k0, k1)
@@ -266,6 +319,46 @@ def ghost_inner(a: Outer, b: Outer, cache: GramCache | None = None) -> Tensor:
         lg = _left_gram(ac, bc)
         out.append(torch.linalg.vecdot(lg.reshape(k1 - k0, -1), gr.reshape(k1 - k0, -1)))
     return torch.cat(out)
+
+
+def _ghost_inner_windows(a: Outer, b: Outer, cache: GramCache | None) -> Tensor:
+    """:func:`ghost_inner` row by row over each row's token windows (an Outer without windows: all tokens)."""
+    K = a.K
+    fa, la = a.win if a.win is not None else ([0] * K, [a.T] * K)
+    fb, lb = b.win if b.win is not None else ([0] * K, [b.T] * K)
+    out = []
+    for k in range(K):
+        if la[k] <= fa[k] or lb[k] <= fb[k]:
+            out.append(a.right.new_zeros((), dtype=torch.float32))
+            continue
+        ak, bk = a.row(k, fa[k], la[k]), b.row(k, fb[k], lb[k])
+        if cache is not None and a.right is b.right and (fa[k], la[k]) == (fb[k], lb[k]):
+            gr = cache.gram_row(a.right, k, fa[k], la[k])
+        else:
+            gr = ak.right[0] @ bk.right[0].T
+        out.append(torch.linalg.vecdot(_left_gram(ak, bk).reshape(-1), gr.reshape(-1)))
+    return torch.stack(out)
+
+
+def token_windows(c: Outer) -> tuple[list[int], list[int]] | None:
+    """Per row, the window ``[first, last)`` outside which the gradient factor of ``c`` is exactly zero.
+
+    The gradient factor is ``left`` for a Linear (the output gradient) and ``right`` for token ids (the
+    embedding's output gradient). In a causal LM with right-padded rows every layer's output gradient is zero
+    after a row's last token, and an output head's is zero on the prompt, so these tokens can be skipped
+    exactly. Returns None when the windows would drop less than ``TRIM_MIN_FRACTION`` of the tokens (one
+    pass over the factor and one host sync).
+    """
+    g = c.right if c.is_index else c.left
+    K, T = g.shape[0], g.shape[1]
+    nz = g.reshape(K, T, -1).ne(0).any(-1).to(torch.uint8)  # [K, T]
+    has = nz.any(1).bool()
+    first = torch.where(has, nz.argmax(1), 0)
+    last = torch.where(has, T - nz.flip(1).argmax(1), 0)
+    first, last = first.tolist(), last.tolist()
+    if sum(last) - sum(first) > (1 - TRIM_MIN_FRACTION) * K * T:
+        return None
+    return first, last
 
 
 def ghost_cost(contribs: list[Outer]) -> int:
@@ -303,10 +396,19 @@ def keep_dense(c: Contribution) -> bool:
 
 
 def materialized_sum(contribs: list[Contribution]) -> Tensor:
-    """[K, *shape] float32: the sum of all contributions, materialised."""
-    total = contribs[0].materialize()
-    for c in contribs[1:]:
-        total = total + c.materialize()
+    """[K, *shape] float32: the sum of all contributions, materialised (a matmul-backed Outer first, the others
+    added into it in place: a scatter for token ids, a batched matmul-add otherwise)."""
+    if len(contribs) == 1:
+        return contribs[0].materialize()
+    order = sorted(contribs, key=lambda c: 0 if isinstance(c, Outer) and not c.is_index else 1)
+    total = order[0].materialize()
+    if isinstance(order[0], Dense):
+        total = total.clone()
+    for c in order[1:]:
+        if isinstance(c, Dense):
+            total.add_(c.z)
+        else:
+            c.add_to(total)
     return total
 
 

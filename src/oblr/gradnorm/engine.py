@@ -35,7 +35,8 @@ import torch
 from torch import nn
 
 from ..logprobs import sequence_logprobs, token_logprobs
-from .contrib import Dense, GramCache, Grouping, grouped_sums, keep_dense, materialized_sum, sq_norm
+from .contrib import (Dense, GramCache, Grouping, Outer, grouped_sums, keep_dense, materialized_sum, sq_norm,
+                      token_windows)
 from .layers import Rule, rule_for
 from .methods import NORMS_METHODS
 
@@ -290,6 +291,8 @@ class BookKeeper:
         query is a cheap reduction; dense contributions of one parameter are summed."""
         if self.method == "auto" and keep_dense(c):
             c = Dense(c.regroup(Grouping.rows(c.K)).materialize(), owned=True)
+        elif isinstance(c, Outer) and c.right.device.type == "cpu":
+            c.win = token_windows(c)  # skip each row's zero-gradient tokens (padding, a head's prompt)
         if isinstance(c, Dense):
             for i, d in enumerate(e.contribs):
                 if isinstance(d, Dense):

@@ -1,0 +1,68 @@
+"""Token windows: the one-pass engine skips each row's tokens whose output gradient is exactly zero (padding,
+an output head's prompt tokens) in the ghost Grams and the per-group products. Norms, group norms and the
+weighted gradient must still match the one-backward-per-sequence loop (rtol 1e-4), with windows in use."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_qwen3
+from gradnorm_helpers import make_batch, rel_err
+
+from oblr.gradnorm import BookKeeper, Outer, loop_per_sequence_grads
+from oblr.gradnorm.contrib import token_windows
+from oblr.gradnorm.reference import trainable_parameters
+from oblr.logprobs import forward_logits, gather_logprobs, sequence_logprobs
+
+TOL = 1e-4
+
+
+def test_token_windows_finds_first_and_last_nonzero_token():
+    g = torch.zeros(3, 10, 4)
+    g[0, 2:5] = 1.0
+    g[0, 7, 1] = -2.0  # a zero token inside the window stays inside
+    g[2, 0] = 3.0
+    c = Outer(g, torch.randn(3, 10, 5), (4, 5))
+    assert token_windows(c) == ([2, 0, 0], [8, 0, 1])  # row 1 has no non-zero token: empty window
+    ids = Outer(torch.zeros(2, 10, dtype=torch.long), g[:2], (7, 4))  # token ids: the factor is `right`
+    assert token_windows(ids) == ([2, 0], [8, 0])
+    full = Outer(torch.ones(2, 10, 4), torch.ones(2, 10, 5), (4, 5))
+    assert token_windows(full) is None  # nothing to trim
+
+
+def _windowed(book):
+    return [e.name for e in book._entries for c in e.contribs if isinstance(c, Outer) and c.win is not None]
+
+
+@pytest.mark.parametrize("left_pad", [True, False])
+def test_windows_match_loop(left_pad):
+    model = tiny_qwen3(hidden=64)  # wide next to the short rows: ghost norms and factors kept
+    ids, am, rm = make_batch(model.config.vocab_size, [3, 5, 2, 4, 1, 3], [2, 9, 1, 4, 3, 6], left_pad=left_pad,
+                             seed=5)
+    grads = loop_per_sequence_grads(model, ids, am, rm)
+    coeffs = torch.tensor([0.5, -1.0, 2.0, 0.0, -0.3, 1.2])
+
+    def weighted(rows):
+        return [sum(coeffs[i] * grads[i][j] for i in rows) for j in range(len(grads[0]))]
+
+    for method in ("auto", "ghost", "materialize"):
+        book = BookKeeper(model, method=method)
+        with book.record():
+            book.backward(sequence_logprobs(gather_logprobs(forward_logits(model, ids, am), ids), rm))
+        names = _windowed(book)
+        assert "lm_head.weight" in names or "model.embed_tokens.weight" in names
+        assert "model.layers.0.mlp.down_proj.weight" in names
+        want = torch.stack([sum(g.pow(2).sum() for g in row) for row in grads])
+        assert rel_err(book.sq_norms(), want) < TOL
+        for gid in ([0, 0, 1, 1, 2, 2], [2, 0, 2, 1, 0, 0]):  # contiguous and interleaved groups
+            g = torch.tensor(gid)
+            want = torch.stack([sum(w.pow(2).sum() for w in weighted((g == k).nonzero().flatten()))
+                                for k in torch.unique(g)])
+            assert rel_err(book.group_sq_norms(coeffs, g), want) < TOL
+        g = torch.tensor([0, 0, 1, 1, 2, 2])
+        gk = book.accumulate_grad_with_group_norms(coeffs, g)
+        assert rel_err(gk, book.group_sq_norms(coeffs, g)) < TOL
+        for p, w in zip(trainable_parameters(model), weighted(range(6))):
+            assert torch.allclose(p.grad, w, rtol=TOL, atol=1e-5 * w.abs().max()), method
+            p.grad = None
+        book.clear()
