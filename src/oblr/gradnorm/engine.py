@@ -35,8 +35,17 @@ import torch
 from torch import nn
 
 from ..logprobs import sequence_logprobs, token_logprobs
-from .contrib import (Dense, GramCache, Grouping, Outer, grouped_sums, keep_dense, materialized_sum, sq_norm,
-                      token_windows)
+from .contrib import (
+    Dense,
+    GramCache,
+    Grouping,
+    Outer,
+    grouped_sums,
+    keep_dense,
+    materialized_sum,
+    sq_norm,
+    token_windows,
+)
 from .layers import Rule, rule_for
 from .methods import NORMS_METHODS
 
