@@ -3,8 +3,10 @@
     python benchmarks/task_claims.py grids --task countdown --out configs/task-claims/countdown
     oblr compare --config configs/task-claims/countdown/grid-claims.yaml \\
         --out benchmarks/results/task-claims/countdown --jobs 2 train.threads=1
+    python benchmarks/task_claims.py grids --task arithmetic --steps 200 --only rloo-const,oblr-const \\
+        --out configs/task-claims/arithmetic      # the comparison rows the built-in task's lr sweep lacks
     python benchmarks/task_claims.py report \\
-        --task arithmetic=benchmarks/results/lr-sweep,benchmarks/results/lr-sweep-auto \\
+        --task arithmetic=benchmarks/results/lr-sweep,benchmarks/results/lr-sweep-auto,benchmarks/results/task-claims/arithmetic \\
         --task countdown=benchmarks/results/task-claims/countdown \\
         --out docs/results/task-claims --results-doc docs/results.md
 
@@ -70,8 +72,9 @@ SEEDS = [0, 1, 2]
 PROTOCOL = {"train": {"steps": 100, "eval_every": 50, "save_every": 100, "keep_checkpoints": 1}}
 
 
-def grid(task: str, steps: int | None = None) -> dict:
-    """The ``oblr compare`` grid of one task: the sweep points, then the comparison's extra points."""
+def grid(task: str, steps: int | None = None, only: tuple[str, ...] = ()) -> dict:
+    """The ``oblr compare`` grid of one task: the comparison's points, then the rest of the sweep; ``only``:
+    just these methods' points (e.g. the comparison's extra rows beside an existing sweep)."""
     base = json.loads(json.dumps(PROTOCOL))
     base["task"] = {"name": task}
     if steps is not None:
@@ -79,15 +82,15 @@ def grid(task: str, steps: int | None = None) -> dict:
     points = list(COMPARISON)  # first: the comparison, then the rest of the sweep
     points += [(m, lr) for m in SWEEP_METHODS for lr in SWEEP_LRS if (m, lr) not in points]
     runs = [{"name": lrs.point_name(m, "adamw", lr), **METHODS[m], "optim.optimizer": "adamw", "optim.lr": lr}
-            for m, lr in points]
+            for m, lr in points if not only or m in only]
     return {"description": f"claims re-measured on task {task}: lr sensitivity and method comparison (issue 27)",
             "seeds": list(SEEDS), "base": base, "runs": runs}
 
 
-def write_grid(task: str, out: Path, steps: int | None = None) -> Path:
+def write_grid(task: str, out: Path, steps: int | None = None, only: tuple[str, ...] = ()) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "grid-claims.yaml"
-    path.write_text(yaml.safe_dump(grid(task, steps), sort_keys=False), encoding="utf-8")
+    path.write_text(yaml.safe_dump(grid(task, steps, only), sort_keys=False), encoding="utf-8")
     return path
 
 
@@ -260,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--task", required=True)
     g.add_argument("--steps", type=int, default=None, help=f"train.steps (default {PROTOCOL['train']['steps']})")
     g.add_argument("--out", type=Path, required=True)
+    g.add_argument("--only", default="", help="comma-separated methods: only their points (e.g. rloo-const,oblr-const "
+                   "beside the built-in task's committed lr sweep)")
     r = sub.add_parser("report", help="per-task tables, the cross-task table and a PNG from run folders")
     r.add_argument("--task", type=parse_task, action="append", required=True, metavar="NAME=ROOT[,ROOT...]")
     r.add_argument("--out", type=Path, default=Path("outputs/task_claims"))
@@ -270,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.task not in TASKS:
             raise SystemExit(f"task_claims: --task {args.task!r} is not a registered task ({', '.join(TASKS)})")
-        print(write_grid(args.task, args.out, args.steps))
+        only = tuple(m for m in args.only.split(",") if m)
+        unknown = [m for m in only if m not in METHODS]
+        if unknown:
+            raise SystemExit(f"task_claims: --only {', '.join(unknown)}: not a method ({', '.join(METHODS)})")
+        print(write_grid(args.task, args.out, args.steps, only))
         return 0
     md = report(dict(args.task), args.out)
     print(md)

@@ -88,3 +88,15 @@ def test_splice_replaces_its_section_and_keeps_the_rest(tmp_path):
     text = doc.read_text()
     assert text.count(tc.BEGIN) == 1 and "\nB\n" in text and "\nA\n" not in text
     assert "](results/task-claims/task_claims.png)" in text and text.index(tc.END) < text.index("## Reading")
+
+
+def test_make_results_doc_keeps_the_task_claims_section(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import make_results_doc
+
+    assert (make_results_doc.TC_BEGIN, make_results_doc.TC_END) == (tc.BEGIN, tc.END)
+    doc = tmp_path / "results.md"
+    doc.write_text("# R\n\n## Reading\n\ntext\n")
+    tc.splice(doc, "## The claims per task (generated)\n\nbody\n", "results/task-claims")
+    kept = make_results_doc._kept_section(doc, make_results_doc.TC_BEGIN, make_results_doc.TC_END)
+    assert kept.startswith(tc.BEGIN) and kept.endswith(tc.END) and "body" in kept
