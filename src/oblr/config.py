@@ -167,8 +167,8 @@ class TrainConfig:
     steps: int = opt(200, "training steps", range=COUNT)
     seed: int = opt(0, "seed for data order, sampling and initialisation", range=Range(ge=0, le=2**32 - 1))
     output_dir: str = opt("", "run folder (default: runs/<time>-<baseline>-<schedule>)")
-    eval_every: int = opt(25, "evaluate every this many steps (and at the start and the end); 0 = only at the end",
-                          range=COUNT0)
+    eval_every: int = opt(25, "evaluate every this many steps (and at the start and the end); "
+                          "0 = only at the start and the end", range=COUNT0)
     eval_samples: int = opt(4, "samples per held-out prompt for the sampled accuracy", range=COUNT)
     eval_greedy: bool = opt(True, "also measure greedy accuracy")
     save_every: int = opt(50, "checkpoint every this many steps (and at the end); 0 = only at the end",
