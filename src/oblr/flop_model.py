@@ -4,7 +4,9 @@ Counted as ``torch.utils.flop_counter`` counts them: 2 FLOPs per multiply-add of
 (``mm``/``bmm``) and of attention (``4 B H T^2 d`` forward, 2.5x that backward, the full ``T x T`` square,
 ``attn_factor`` scales it), nothing for elementwise, reduction, scatter or gather work (softmax, RMSNorm,
 the per-row norm reductions, an embedding's backward). For a :class:`~oblr.memory_model.Shape` and a
-micro-batch of ``batch`` sequences of ``tokens`` tokens (padded; rows form groups of ``group``):
+micro-batch of ``batch`` sequences of ``tokens`` tokens (padded; rows form groups of ``group``; every row
+counted at full length, as on a GPU: the one-pass engine's CPU-only token windows, which skip each row's
+zero-gradient tokens, make its CPU count smaller):
 
 - ``grpo``: forward, then one backward with activation and weight gradients (``~ 6 P T`` plus attention);
 - ``grpo_ckpt``: the same plus one recomputation of every decoder layer in the backward, without the layer's
