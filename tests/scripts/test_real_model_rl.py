@@ -38,7 +38,7 @@ def test_both_methods_run_and_are_reported(tmp_path, monkeypatch):
         assert all(0.0 <= s["train/reward_mean"] <= 1.0 and s["optim/lr"] >= 0 for s in run["steps"])
         assert run["result"]["end_sampled"] is not None and run["config"]["model"]["lora_rank"] == 2
         # the chat template of the checkpoint renders the prompts (ChatML, as SmolLM2's)
-        assert run["config"]["task"]["options"]["template"] == "chat"
+        assert run["config"]["task"]["options"]["style"] == "chat"
     # GRPO's lr is the constant optim.lr; the SNR rule's is at most that (eta_max)
     assert {s["optim/lr"] for s in grpo["steps"]} == {grpo["config"]["optim"]["lr"]}
     assert all(s["optim/lr"] <= oblr["config"]["optim"]["lr"] * (1 + 1e-6) for s in oblr["steps"])

@@ -194,7 +194,7 @@ def _chat_tokenizer():
 def test_chat_template_prompts_and_free_form_reward():
     qa = arithmetic_task(seed=4, n_train=30, n_eval=10, min_ops=1, max_ops=1, max_operand=10, ops="+-")
     chat = get_task("arithmetic", seed=4, n_train=30, n_eval=10, min_ops=1, max_ops=1, max_operand=10, ops="+-",
-                    template="chat", tokenizer=_chat_tokenizer())
+                    style="chat", tokenizer=_chat_tokenizer())
     # same problems, same answers, only the prompt differs
     assert [e.answer for e in chat.train + chat.eval] == [e.answer for e in qa.train + qa.eval]
     ex = chat.eval[0]
@@ -206,11 +206,11 @@ def test_chat_template_prompts_and_free_form_reward():
     assert chat.reward(f"{expr} = {right}.", ex) == 1.0 and chat.reward(str(right), ex) == 1.0
     assert chat.reward(f"{expr} = {wrong}", ex) == 0.0 and chat.reward("I don't know", ex) == 0.0
     assert chat.reward(f"#### {right}", ex) == 1.0 and chat.extract_answer(f"so it is {right}") == str(right)
-    # the qa template keeps the strict "#### <int>" reward
+    # the qa style keeps the strict "#### <int>" reward
     assert qa.reward(f"{expr} = {right}", qa.eval[0]) == 0.0 and qa.reward(f" #### {right}", qa.eval[0]) == 1.0
     assert qa.extract_answer(f"so it is {right}") is None
 
 
 def test_chat_template_option_is_checked():
-    with pytest.raises(ValueError, match="template"):
-        get_task("arithmetic", n_train=5, n_eval=5, template="fancy")
+    with pytest.raises(ValueError, match="style"):
+        get_task("arithmetic", n_train=5, n_eval=5, style="fancy")

@@ -241,7 +241,7 @@ def test_arithmetic_chat_template_from_the_models_tokenizer_and_one_honest_warni
         tok.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>"
         tok.save_pretrained(model_dir)
     cfg = load_config(None, [f"model.name_or_path={model_dir}", "task.name=arithmetic", "rollout.prompts_per_step=2",
-                             "task.options={n_train: 20, n_eval: 4, min_ops: 1, max_ops: 1, template: chat}",
+                             "task.options={n_train: 20, n_eval: 4, min_ops: 1, max_ops: 1, style: chat}",
                              f"train.output_dir={tmp_path / 'run'}"])
     trainer = Trainer(cfg, quiet=True)
     with warnings.catch_warnings(record=True) as caught:

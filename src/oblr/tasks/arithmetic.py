@@ -18,7 +18,8 @@ token except ``"Q:"``, ``"A:"`` and ``"####"``.
 Train and eval sets are deterministic functions of ``seed`` and disjoint (no expression string is in
 both). The eval set is drawn first from its own random stream, so it does not change with ``n_train``.
 
-Prompt styles (option ``template``):
+Prompt styles (option ``style``; not ``template``, whose values -- auto, base, chat, raw -- are the
+benchmark tasks' and ``oblr eval --template``'s):
 
 - ``"qa"`` (default): the format above, for the built-in model; reward 1.0 iff the final ``#### <int>``
   equals the answer.
@@ -218,20 +219,20 @@ def _draw(rng: random.Random, cfg: ArithmeticConfig, n: int, exclude: set[str], 
 
 
 class ArithmeticTask(Task):
-    """Generated arithmetic problems; reward 1.0 iff the final ``#### <int>`` equals the answer (template
-    ``"qa"``), or iff the GSM8K grader accepts the response (template ``"chat"``)."""
+    """Generated arithmetic problems; reward 1.0 iff the final ``#### <int>`` equals the answer (style
+    ``"qa"``), or iff the GSM8K grader accepts the response (style ``"chat"``)."""
 
     name = "arithmetic"
 
     def __init__(self, train: list[Example], eval: list[Example], config: ArithmeticConfig, seed: int,
-                 template: str = "qa"):
+                 style: str = "qa"):
         super().__init__(train, eval)
         self.config = config
         self.seed = seed
-        self.template = template
+        self.style = style
 
     def reward(self, response: str, example: Example) -> float:
-        if self.template == "chat":
+        if self.style == "chat":
             from oblr.grading import grade
 
             return 1.0 if grade(response, example.answer, kind="gsm8k") else 0.0
@@ -245,7 +246,7 @@ class ArithmeticTask(Task):
 
     def extract_answer(self, response: str) -> str | None:
         """The final answer of ``response`` (what ``oblr eval``'s majority vote counts), or None."""
-        if self.template == "chat":
+        if self.style == "chat":
             from oblr.grading import extract_gsm8k_number
 
             value, _ = extract_gsm8k_number(response)
@@ -261,16 +262,16 @@ def arithmetic_task(*, seed: int = 0, n_train: Annotated[int, Range(ge=0, le=MAX
                     max_ops: Annotated[int | None, Range(ge=1, le=12)] = None,
                     max_operand: Annotated[int | None, Range(ge=2, le=10**9)] = None,
                     max_value: Annotated[int | None, Range(ge=2, le=10**12)] = None, ops: str = "+-*",
-                    template: Literal["qa", "chat"] = "qa", tokenizer: Any = None) -> ArithmeticTask:
+                    style: Literal["qa", "chat"] = "qa", tokenizer: Any = None) -> ArithmeticTask:
     """Build the arithmetic task. Explicit ``min_ops``/``max_ops``/``max_operand``/``max_value`` override
-    the ``difficulty`` preset (see :data:`DIFFICULTIES`). ``template``: ``"qa"`` or ``"chat"`` (module
+    the ``difficulty`` preset (see :data:`DIFFICULTIES`). ``style``: ``"qa"`` or ``"chat"`` (module
     docstring; ``tokenizer`` renders the chat prompts). The annotations' ranges are checked with the config
     (``task.options``) before anything is built."""
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"arithmetic task: unknown difficulty {difficulty!r}; "
                          f"choose one of {', '.join(DIFFICULTIES)}")
-    if template not in ("qa", "chat"):
-        raise ValueError(f"arithmetic task: unknown template {template!r}; choose 'qa' or 'chat'")
+    if style not in ("qa", "chat"):
+        raise ValueError(f"arithmetic task: unknown style {style!r}; choose 'qa' or 'chat'")
     if n_train < 0 or n_eval < 0:
         raise ValueError(f"arithmetic task: n_train and n_eval must be >= 0, got {n_train}, {n_eval}")
     p = DIFFICULTIES[difficulty]
@@ -287,7 +288,7 @@ def arithmetic_task(*, seed: int = 0, n_train: Annotated[int, Range(ge=0, le=MAX
     eval_set = _draw(random.Random(f"oblr-arith-eval-{seed}"), cfg, n_eval, set(), "eval")
     eval_exprs = {ex.meta["expression"] for ex in eval_set}
     train_set = _draw(random.Random(f"oblr-arith-train-{seed}"), cfg, n_train, eval_exprs, "train")
-    if template == "chat":
+    if style == "chat":
         eval_set = [chat_example(ex, tokenizer) for ex in eval_set]
         train_set = [chat_example(ex, tokenizer) for ex in train_set]
-    return ArithmeticTask(train_set, eval_set, cfg, seed, template)
+    return ArithmeticTask(train_set, eval_set, cfg, seed, style)
