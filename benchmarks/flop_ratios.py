@@ -5,9 +5,10 @@ and projected to Qwen3.
     python benchmarks/flop_ratios.py --doc docs/scale.md  # and (re)write its FLOP section in docs/scale.md
 
 Measured side: every ``step_cost.py`` table (a ``**case**`` line, then the ``| method | step time ...``
-table) in the files of ``--results`` (default ``benchmarks/results/step_cost/*.md`` and the whole-batch
+table) in the files of ``--results`` (default ``benchmarks/results/step_cost/*.md``, not its ``noisy/``
+folder of runs too loaded to read a ratio from, and the whole-batch
 table of ``docs/performance.md``). The case line names the shape; the rest is ``step_methods.Case``'s
-defaults (4 heads, 2 KV heads, MLP 3x hidden). Predicted side: ``flop_model.time_ratio`` for the same shape,
+defaults (4 heads, 2 KV heads, MLP 3x hidden) unless it names them. Predicted side: ``flop_model.time_ratio`` for the same shape,
 padded length and groups, float32 factors, attention counted over the full square (the CPU kernel with a
 padding mask). Nothing is measured here; the script reads committed numbers and needs no torch.
 
@@ -32,7 +33,8 @@ from oblr import memory_model as mm  # noqa: E402
 DEFAULT_RESULTS = [ROOT / "benchmarks/results/step_cost", ROOT / "docs/performance.md"]
 BEGIN, END = "<!-- flop_ratios: begin -->", "<!-- flop_ratios: end -->"
 CASE_RE = re.compile(r"hidden (\d+), (\d+) layers, vocab (\d+) \((tied|untied)\); T = (\d+)\+(\d+); "
-                     r"B = (\d+)x(\d+)(?:; micro-batches of (\d+) sequences)?")
+                     r"B = (\d+)x(\d+)(?:; micro-batches of (\d+) sequences)?"
+                     r"(?:; heads (\d+)/(\d+) of (\d+), MLP (\d+))?")
 TABLE_HEAD = "| method | step time (s, median) | time / GRPO |"
 PROJ_G = 8
 PROJ_TOKENS = (1024, 4096, 8192)
@@ -133,7 +135,8 @@ def case_shape(case: str) -> tuple[mm.Shape, int, int, int]:
         raise ValueError(f"not a step_cost case name: {case!r}")
     h, layers, vocab, tie, p, r, n, g = m.groups()[:8]
     h = int(h)
-    s = mm.Shape(int(layers), h, 3 * h, 4, 2, h // 4, int(vocab), tie == "tied")
+    heads, kv, hd, inter = (int(x) for x in m.groups()[9:13]) if m.group(10) else (4, 2, h // 4, 3 * h)
+    s = mm.Shape(int(layers), h, inter, heads, kv, hd, int(vocab), tie == "tied")
     return s, int(n) * int(g), int(p) + int(r), int(g)
 
 

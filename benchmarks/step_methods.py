@@ -84,8 +84,11 @@ class Case:
         tie = "tied" if self.tied else "untied"
         mb = (f"; micro-batches of {self.micro_batch_groups * self.group_size} sequences"
               if self.micro_batch_groups else "")
+        default = (self.heads, self.kv_heads, self.head_dim, self.intermediate) == (4, 2, 0, 0)
+        arch = "" if default else (f"; heads {self.heads}/{self.kv_heads} of {self.head_dim or self.hidden // self.heads},"
+                                   f" MLP {self.intermediate or 3 * self.hidden}")
         return (f"hidden {self.hidden}, {self.layers} layers, vocab {self.vocab} ({tie}); "
-                f"T = {self.prompt_len}+{self.response_len}; B = {self.n_prompts}x{self.group_size}{mb}")
+                f"T = {self.prompt_len}+{self.response_len}; B = {self.n_prompts}x{self.group_size}{mb}{arch}")
 
 
 def qwen3_config(case: Case):
