@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -127,12 +128,25 @@ def native_step(model, opt, ctl, ro, micro_groups: int = MICRO_ROWS // G) -> dic
 
 def verl_engine(model, opt):
     """An object whose ``optimizer_step`` is verl's own ``FSDPEngine.optimizer_step`` on a plain module (its
-    ``torch.nn.utils.clip_grad_norm_`` branch), with the attributes it reads."""
+    ``torch.nn.utils.clip_grad_norm_`` branch), with the attributes it reads, and ``save_checkpoint`` /
+    ``load_checkpoint`` with verl's signatures that keep the model's and the optimizer's state in the folder."""
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
     eng = SimpleNamespace(module=model, optimizer=opt, optimizer_config=SimpleNamespace(clip_grad=CLIP), scaler=None,
                           _qat_enabled=False)
     eng.optimizer_step = types.MethodType(FSDPEngine.optimizer_step, eng)
+
+    def save_checkpoint(local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        """What verl's checkpoint manager keeps of a plain module: the model's and the optimizer's state."""
+        Path(local_path).mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, Path(local_path) / "model_optim.pt")
+
+    def load_checkpoint(local_path, hdfs_path=None, del_local_after_load=False):
+        state = torch.load(Path(local_path) / "model_optim.pt", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+
+    eng.save_checkpoint, eng.load_checkpoint = save_checkpoint, load_checkpoint
     return eng
 
 

@@ -167,3 +167,79 @@ def test_install_learning_rate_reads_verls_optim_config_and_sets_the_lr_before_t
     # the update used it: AdamW's first step moves every coordinate by lr * g / (|g| + eps), here -lr
     moved = torch.cat([(p.detach() - b).reshape(-1) for p, b in zip(model.parameters(), before)])
     assert torch.allclose(moved, torch.full_like(moved, -expected), rtol=1e-3)
+
+
+def _run_steps(engine, lr, model, steps) -> list[float]:
+    """Optimizer steps driven as the worker drives them, on gradients and per-prompt sums made from the step
+    number (the same step gives the same numbers in every run); 0 < ||gbar||^2 < mean_k ||g_k||^2 varies, so
+    S and V vary and the EMA matters. Returns the lr set at each step."""
+    import torch
+
+    out = []
+    for t in steps:
+        gen = torch.Generator().manual_seed(1000 + t)
+        for p in model.parameters():
+            p.grad = 1e-3 * torch.randn(p.shape, generator=gen)
+        gbar_sq = float(sum((p.grad.double() ** 2).sum() for p in model.parameters()))
+        n = 8
+        lr.set_pending(gbar_sq * n / (0.3 + 0.6 * ((7 * t) % 5) / 4), n)
+        engine.optimizer_step()
+        out.append(engine.optimizer.param_groups[0]["lr"])
+    return out
+
+
+@pytest.mark.parametrize("schedule", ["snr", "auto"])
+def test_the_schedules_state_travels_with_the_engines_checkpoint(config, tmp_path, schedule):
+    """A run saved after 4 steps and resumed from verl's checkpoint folder sets the same lrs (and weights) as
+    the run that went on, with the EMA on; resumed without the oblr state file it does not (and says so)."""
+    import torch
+    import verl_step_helpers as h
+
+    from oblr.integrations.verl import STATE_FILE
+
+    cfg = copy.deepcopy(config.actor_rollout_ref)
+    OmegaConf.update(cfg, "actor.optim.lr", 3e-3)
+    OmegaConf.update(cfg, "oblr", {"snr_ema": 0.9, "lr_schedule": schedule}, force_add=True)
+
+    def fresh():
+        model = h.initial_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=1.0, weight_decay=0.0)
+        engine = h.verl_engine(model, opt)
+        return model, engine, recipe.install_learning_rate(cfg, engine)
+
+    model, engine, lr = fresh()
+    _run_steps(engine, lr, model, range(4))
+    ckpt = tmp_path / "global_step_4" / "actor"
+    engine.save_checkpoint(str(ckpt), None, 4, None)
+    assert (ckpt / STATE_FILE.format(world=1, rank=0)).is_file()
+    went_on = _run_steps(engine, lr, model, range(4, 9))
+
+    model2, engine2, lr2 = fresh()
+    engine2.load_checkpoint(str(ckpt), None, False)
+    resumed = _run_steps(engine2, lr2, model2, range(4, 9))
+    assert resumed == pytest.approx(went_on, rel=1e-12)
+    for a, b in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)
+
+    (ckpt / STATE_FILE.format(world=1, rank=0)).unlink()
+    model3, engine3, lr3 = fresh()
+    with pytest.warns(UserWarning, match="no oblr_lr_world_size_1_rank_0.pt"):
+        engine3.load_checkpoint(str(ckpt), None, False)
+    restarted = _run_steps(engine3, lr3, model3, range(4, 9))
+    assert max(abs(a / b - 1) for a, b in zip(restarted, went_on)) > 1e-3
+
+
+def test_a_checkpoint_of_another_schedule_or_world_size_is_refused(config, tmp_path):
+    import torch
+    import verl_step_helpers as h
+
+    from oblr.integrations.verl import ActorLearningRate, load_lr_state, save_lr_state
+
+    model = h.initial_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1.0)
+    save_lr_state(ActorLearningRate(opt, "snr", lr=1e-3, ema=0.9), tmp_path)
+    with pytest.raises(ValueError, match="schedule 'snr', this run uses 'auto'"):
+        load_lr_state(ActorLearningRate(opt, "auto", lr=1e-3), tmp_path)
+    (tmp_path / "oblr_lr_world_size_1_rank_0.pt").rename(tmp_path / "oblr_lr_world_size_2_rank_0.pt")
+    with pytest.raises(ValueError, match="another world size .*same number of ranks"):
+        load_lr_state(ActorLearningRate(opt, "snr", lr=1e-3), tmp_path)

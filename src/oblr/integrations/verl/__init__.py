@@ -23,16 +23,26 @@ Needs ``pip install "oblr[verl]"``.
 
 from __future__ import annotations
 
-from .actor import META_KEY, ActorLearningRate, NormPass, norm_pass, wrap_optimizer_step
+from .actor import (
+    META_KEY,
+    STATE_FILE,
+    ActorLearningRate,
+    NormPass,
+    load_lr_state,
+    norm_pass,
+    save_lr_state,
+    wrap_checkpointing,
+    wrap_optimizer_step,
+)
 from .estimator import WEIGHTS_KEY, compute_oblr_advantage, oblr_advantages, put_weights
 from .loss import RULES, oblr_policy_loss, refusal
 
 #: the name both functions are registered under in verl
 NAME = "oblr"
 
-__all__ = ["META_KEY", "NAME", "RULES", "WEIGHTS_KEY", "ActorLearningRate", "NormPass", "compute_oblr_advantage",
-           "norm_pass", "oblr_advantages", "oblr_policy_loss", "put_weights", "refusal", "register",
-           "wrap_optimizer_step"]
+__all__ = ["META_KEY", "NAME", "RULES", "STATE_FILE", "WEIGHTS_KEY", "ActorLearningRate", "NormPass",
+           "compute_oblr_advantage", "load_lr_state", "norm_pass", "oblr_advantages", "oblr_policy_loss",
+           "put_weights", "refusal", "register", "save_lr_state", "wrap_checkpointing", "wrap_optimizer_step"]
 
 
 def register() -> None:

@@ -18,6 +18,9 @@ and the global prompt count go into ``meta_info[META_KEY]``.
 with :func:`oblr.snr.snr_statistics` and steps an oblr schedule (:func:`oblr.schedules.make_lr_controller`:
 ``snr`` or ``auto``), which sets every param group's lr. :func:`wrap_optimizer_step` installs it in front of
 a verl engine's ``optimizer_step`` (before its gradient clipping, so S and V see the unclipped gradient).
+:func:`wrap_checkpointing` puts the schedule's state (EMA averages, step count, the ``auto`` scale) into the
+engine's checkpoints, one file per rank beside verl's own shards (:data:`STATE_FILE`), and restores it on load,
+so a resumed run continues the same learning-rate trajectory.
 
 Data parallel: each rank must hold whole groups (every ``uid`` of a rank has ``rollout_n`` rows; a split
 group is refused); the per-prompt sums and counts are all-reduced over ``dp_group``. Micro-batches: verl's
@@ -37,6 +40,8 @@ from .loss import _get, refusal
 
 #: ``meta_info`` key of the S/V inputs the norm pass leaves in the batch: {"gk_sq_sum": float, "n_prompts": int}
 META_KEY = "oblr_norm_pass"
+#: the schedule's state file in a verl checkpoint folder (one per rank, named like verl's own shards)
+STATE_FILE = "oblr_lr_world_size_{world}_rank_{rank}.pt"
 #: batch keys read for the rewards, first present wins (row sums)
 REWARD_KEYS = ("token_level_rewards", "token_level_scores", "rm_scores")
 
@@ -176,8 +181,21 @@ class ActorLearningRate:
             raise ValueError(f"oblr learning rate: schedule {schedule!r} does not use S and V; keep verl's own "
                              f"lr scheduler instead")
         self.params = params
+        self.schedule = schedule
         self.pending: tuple[float, int] | None = None
         self.last = None  # SNRStats of the last step
+
+    def state_dict(self) -> dict:
+        """The schedule's name and state (what a resumed run needs to set the same lrs)."""
+        return {"schedule": self.schedule, "controller": self.controller.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s output (the schedule re-applies its last lr to the optimizer)."""
+        if state.get("schedule") != self.schedule:
+            raise ValueError(f"oblr learning rate: the checkpoint holds the state of schedule "
+                             f"{state.get('schedule')!r}, this run uses {self.schedule!r}")
+        self.controller.load_state_dict(state["controller"])
+        self.pending = None
 
     def set_pending(self, gk_sq_sum, n_prompts: int) -> None:
         self.pending = (float(gk_sq_sum), int(n_prompts))
@@ -219,3 +237,67 @@ def wrap_optimizer_step(engine, lr: ActorLearningRate) -> None:
         return inner()
 
     engine.optimizer_step = optimizer_step
+
+
+def _rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def save_lr_state(lr: ActorLearningRate, local_path) -> str:
+    """Write this rank's :meth:`ActorLearningRate.state_dict` into the checkpoint folder ``local_path``
+    (:data:`STATE_FILE`; written to a temporary name and renamed, so a crash leaves no half file)."""
+    import os
+
+    rank, world = _rank_world()
+    os.makedirs(local_path, exist_ok=True)
+    path = os.path.join(str(local_path), STATE_FILE.format(world=world, rank=rank))
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(lr.state_dict(), tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_lr_state(lr: ActorLearningRate, local_path) -> bool:
+    """Restore this rank's state from the checkpoint folder ``local_path``; False (and the schedule starts
+    afresh) when the folder has no oblr state, i.e. a checkpoint made without the recipe."""
+    import os
+    import warnings
+
+    rank, world = _rank_world()
+    path = os.path.join(str(local_path), STATE_FILE.format(world=world, rank=rank))
+    if not os.path.isfile(path):
+        others = sorted(f for f in os.listdir(local_path) if f.startswith("oblr_lr_world_size_")) \
+            if os.path.isdir(local_path) else []
+        if others:
+            raise ValueError(f"oblr learning rate: {local_path} holds the schedule state of another world size "
+                             f"({others[0]}), not {os.path.basename(path)}; resume with the same number of ranks")
+        warnings.warn(f"oblr learning rate: {local_path} has no {os.path.basename(path)} (a checkpoint made "
+                      f"without the oblr recipe); the schedule starts afresh", stacklevel=2)
+        return False
+    lr.load_state_dict(torch.load(path, weights_only=True))
+    return True
+
+
+def wrap_checkpointing(engine, lr: ActorLearningRate) -> None:
+    """Make a verl engine's ``save_checkpoint`` / ``load_checkpoint`` carry the schedule's state too: saved
+    after verl's own files (into the same folder), restored after verl has loaded the optimizer, so the lr the
+    schedule re-applies is the one in force."""
+    inner_save, inner_load = engine.save_checkpoint, engine.load_checkpoint
+
+    def save_checkpoint(local_path, *args, **kwargs):
+        out = inner_save(local_path, *args, **kwargs)
+        if local_path is not None:
+            save_lr_state(lr, local_path)
+        return out
+
+    def load_checkpoint(local_path, *args, **kwargs):
+        out = inner_load(local_path, *args, **kwargs)
+        if local_path is not None:
+            load_lr_state(lr, local_path)
+        return out
+
+    engine.save_checkpoint, engine.load_checkpoint = save_checkpoint, load_checkpoint

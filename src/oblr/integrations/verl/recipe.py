@@ -40,7 +40,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from . import register as register_oblr
-from .actor import ActorLearningRate, norm_pass, wrap_optimizer_step
+from .actor import ActorLearningRate, norm_pass, wrap_checkpointing, wrap_optimizer_step
 from .estimator import WEIGHTS_KEY
 from .loss import refusal
 
@@ -120,7 +120,7 @@ def options(config) -> dict:
 def install_learning_rate(config, engine) -> ActorLearningRate:
     """The recipe's :class:`ActorLearningRate` on ``engine.optimizer`` from the worker's config
     (``actor_rollout_ref``: ``actor.optim.lr`` is eta_max, ``actor.optim.clip_grad`` the clip, the ``oblr``
-    options), put in front of ``engine.optimizer_step``."""
+    options), put in front of ``engine.optimizer_step``; its state travels with the engine's checkpoints."""
     o = options(config)
     optim = config.actor.optim
     lr = ActorLearningRate(engine.optimizer, o["lr_schedule"], lr=float(optim.lr), eta_min=o["eta_min"], ema=o["ema"],
@@ -128,6 +128,7 @@ def install_learning_rate(config, engine) -> ActorLearningRate:
                            total_steps=max(1, int(optim.get("total_training_steps", 1) or 1)),
                            grad_clip=float(optim.get("clip_grad", 0.0) or 0.0), **o["schedule_options"])
     wrap_optimizer_step(engine, lr)
+    wrap_checkpointing(engine, lr)
     return lr
 
 
