@@ -137,13 +137,32 @@ def _native_run(variant: str, seed: int, a, out: Path) -> dict:
     return {"final": heldout(model, tok, get_task("arithmetic"), a), "lr": [r["optim/lr"] for r in rows if "optim/lr" in r]}
 
 
-PROTOCOL = ("model", "steps", "prompts", "num_generations", "max_completion_length", "lr", "grpo_lr", "beta2",
-            "eval_problems", "eval_samples")
+PROTOCOL = ("model", "model_sha", "steps", "prompts", "num_generations", "max_completion_length", "lr", "grpo_lr",
+            "beta2", "eval_problems", "eval_samples")
+
+
+def model_sha(name: str) -> str:
+    """SHA-256 (first 16 hex digits) over the weight files of the resolved model: the built-in model is
+    rebuilt per machine and its weights differ between machines, so runs of another start model are not
+    reused."""
+    import hashlib
+
+    from oblr.hashing import sha256_file
+    from oblr.models import resolve_model_path
+
+    path = Path(resolve_model_path(name, progress=lambda m: print(f"[oblr] {m}", flush=True)))
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+    if not files:
+        raise SystemExit(f"trl_h2h: no weight files (*.safetensors, *.bin) in {path}")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}:{sha256_file(f)}".encode())
+    return h.hexdigest()[:16]
 
 
 def run_one(job: tuple) -> dict:
-    """Train and score one (variant, seed); a finished run of the same protocol in its folder is reused
-    (``result.json``), so an interrupted benchmark continues where it stopped."""
+    """Train and score one (variant, seed); a finished run of the same protocol (settings and start model's
+    weights) in its folder is reused (``result.json``), so an interrupted benchmark continues where it stopped."""
     variant, seed, a = job
     out = Path(a.out) / variant / f"seed{seed}"
     protocol = {k: getattr(a, k) for k in PROTOCOL}
@@ -247,6 +266,7 @@ def main(argv=None) -> dict:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    a.model_sha = model_sha(a.model)
     jobs = [(v, s, a) for s in a.seeds for v in a.variants]
     t0 = time.perf_counter()
     start = _start(a)
