@@ -55,6 +55,8 @@ SCENARIOS = [
     Scenario("fsdp-oblr-microbatch-kl-2epochs", "fsdp", max_len=12, micro_batch_groups=1, kl_coef=0.1, epochs=2,
              grad_clip=0.05),
     Scenario("fsdp-grpo-plain", "fsdp", baseline="grpo", need_snr=False, aggregation="seq_mean"),
+    Scenario("fsdp-oblr-checkpointing-microbatch-kl", "fsdp", max_len=12, micro_batch_groups=1, kl_coef=0.1,
+             grad_clip=0.05, checkpointing=True),
     Scenario("ddp-oblr-token_mean", "ddp", aggregation="token_mean", bucket_mb=0.002),
     Scenario("ddp-oblr-microbatch-kl-2epochs", "ddp", max_len=12, micro_batch_groups=1, kl_coef=0.1, epochs=2,
              grad_clip=0.05),

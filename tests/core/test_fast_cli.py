@@ -100,8 +100,6 @@ def test_train_help_lists_every_registry_without_torch():
      "'two_pass' chooses an exact-norm engine, but baseline 'grpo' with lr_schedule 'constant' computes no exact"),
     (["algorithm.memory_plan=one_pass", "model.activation_checkpointing=true"],
      "'one_pass' keeps every layer's activations, but model.activation_checkpointing is true"),
-    (["algorithm.memory_plan=two_pass", "distributed.strategy=fsdp"],
-     "'two_pass' needs activation checkpointing, which distributed.strategy 'fsdp' does not support"),
 ])
 def test_config_refusals_answer_without_torch(overrides, message):
     res = run_cli(["train", *overrides])

@@ -142,7 +142,7 @@ def _cfg(*extra):
                               *extra])
 
 
-def test_plan_run_shards_the_resident_state_under_fsdp_and_plans_one_pass_only():
+def test_plan_run_shards_the_resident_state_under_fsdp_and_may_choose_the_two_pass_engine():
     from oblr.train.plan import plan_run
 
     hf = _hf_config()
@@ -155,8 +155,16 @@ def test_plan_run_shards_the_resident_state_under_fsdp_and_plans_one_pass_only()
                       "algorithm.kl_coef=0.1", "model.dtype=bfloat16", "optim.optimizer=sgd"),
                  hf, prompt_len=16, world=2, device="cpu")
     assert p.resident_bytes == mm.n_params(shape) * 2 * 2  # bf16, the KL reference copy, plain SGD: no state
-    # the smallest budget of a tight fsdp run counts the whole one-pass engine only
-    with pytest.raises(PlanError, match=r"needs one-pass [\d.]+ GB; the smallest"):
+    # fsdp with checkpointing (the two-pass engine, FSDP2's own backward fills the sharded .grad) is a plan too
+    two = plan_run(_cfg("distributed.strategy=fsdp", "algorithm.memory_plan=two_pass", "algorithm.memory_budget_gb=1"),
+                   hf, prompt_len=16, world=2, device="cpu")
+    assert (two.engine, two.checkpointing, two.groups) == ("two-pass", True, 2) and two.peak_bytes < fsdp.peak_bytes
+    mid = (two.peak_bytes + fsdp.peak_bytes) / 2 / GB  # the whole batch fits two-pass only
+    p = plan_run(_cfg("distributed.strategy=fsdp", "algorithm.memory_plan=auto", f"algorithm.memory_budget_gb={mid!r}"),
+                 hf, prompt_len=16, world=2, device="cpu")
+    assert (p.engine, p.groups) == ("two-pass", 2)
+    # a budget too tight for both: the refusal names both engines' needs
+    with pytest.raises(PlanError, match=r"needs one-pass [\d.]+ GB, two-pass [\d.]+ GB; the smallest"):
         plan_run(_cfg("distributed.strategy=fsdp", "algorithm.memory_plan=auto",
                       f"algorithm.memory_budget_gb={(fsdp.resident_bytes + 1000) / GB!r}"),
                  hf, prompt_len=16, world=2, device="cpu")

@@ -18,7 +18,9 @@ same interface and keeps only per-group Gram matrices:
 3. ``sq_norms()`` is the Grams' diagonal and ``group_sq_norms(coeffs, ...)`` is ``c_k^T M_k c_k``.
    ``accumulate_grad(coeffs)`` -- the *gradient pass* -- is an ordinary backward of
    ``sum_i coeffs[i] seq_obj[i]`` on the retained graph (recomputing again), restricted to the trainable
-   parameters; Taps pass gradients through untouched.
+   parameters; Taps pass gradients through untouched. Under FSDP2 (``fully_shard``) the gradient pass is
+   FSDP2's own backward: it reduce-scatters the gradient into the sharded ``.grad`` (a ``grad_sink`` given
+   for the one-pass engine's sharded increments is not used).
 
 Cost with checkpointing: forward 1, norm pass (recompute 1 + activation gradients ~1), gradient pass
 (recompute 1 + backward 2): ~6 forward-equivalents against GRPO's 4.
@@ -34,6 +36,13 @@ from torch import nn
 from .contrib import Grouping
 from .engine import BookKeeper, _Hooked
 from .gram import group_gram
+
+
+def _fsdp_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` is sharded by FSDP2's ``fully_shard`` (its parameters are DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 class _Tap(torch.autograd.Function):
@@ -63,15 +72,16 @@ class TwoPassBookKeeper(BookKeeper):
     alone, so only ``sq_norms``); ``accumulate_grad*`` run a backward pass, so they may be called once per
     ``backward`` and only while the forward's graph is alive; ``accumulate_grad`` returns None. Hooks stay
     installed after ``record()`` exits until the gradient pass or ``clear()``, because recomputation
-    re-runs the forward. Methods "auto" | "ghost" | "materialize"; no loop fallback and no ``grad_sink``
-    (each is refused at construction).
+    re-runs the forward. Methods "auto" | "ghost" | "materialize"; no loop fallback, and no ``grad_sink``
+    except on an FSDP2-sharded model, where FSDP2's backward fills the sharded ``.grad`` (refused otherwise).
     """
 
     def __init__(self, model: nn.Module, method: str = "auto", allow_loop_fallback: bool = False,
                  grad_sink=None):
         if method == "loop":
             raise ValueError("TwoPassBookKeeper: method 'loop' is the one-pass BookKeeper's reference; use BookKeeper")
-        if grad_sink is not None:
+        self._fsdp = _fsdp_sharded(model)
+        if grad_sink is not None and not self._fsdp:
             raise ValueError("TwoPassBookKeeper: grad_sink is not supported (its gradient pass is an ordinary "
                              "backward that fills .grad)")
         self._handles: list = []
@@ -212,9 +222,12 @@ class TwoPassBookKeeper(BookKeeper):
         if self._obj is None:
             raise RuntimeError("the gradient pass already ran for this backward(); record and backward again")
         obj, self._obj = self._obj, None
-        params = [e.param for e in self._entries]
         try:
-            torch.autograd.backward((coeffs.detach().to(obj) * obj).sum(), inputs=params)
+            if self._fsdp:  # FSDP2 computes with unsharded copies and reduce-scatters their grads itself
+                torch.autograd.backward((coeffs.detach().to(obj) * obj).sum())
+                self._dummy.grad = None
+            else:
+                torch.autograd.backward((coeffs.detach().to(obj) * obj).sum(), inputs=[e.param for e in self._entries])
         finally:
             self._remove_hooks()
 

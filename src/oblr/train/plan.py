@@ -222,9 +222,6 @@ def config_problems(cfg) -> list[tuple[str, str]]:
     if plan == "one_pass" and cfg.model.activation_checkpointing:
         out.append(("algorithm.memory_plan", "'one_pass' keeps every layer's activations, but "
                     "model.activation_checkpointing is true; use two_pass or auto, or turn checkpointing off"))
-    if plan == "two_pass" and cfg.distributed.strategy == "fsdp":
-        out.append(("algorithm.memory_plan", "'two_pass' needs activation checkpointing, which "
-                    "distributed.strategy 'fsdp' does not support; use one_pass or auto (one-pass only under fsdp)"))
     return out
 
 
@@ -279,7 +276,7 @@ def plan_run(cfg, hf_config, *, prompt_len: int, world: int, device) -> Plan | N
     exact = uses_exact_norms(cfg)
     sharded = cfg.distributed.strategy == "fsdp"
     if exact:
-        allowed = tuple(c for c in choices if not (c and sharded) and not (m.activation_checkpointing and not c))
+        allowed = tuple(c for c in choices if not (m.activation_checkpointing and not c))
         if checkpointing_support(hf_config) is False:
             allowed = tuple(c for c in allowed if not c) or allowed  # two_pass alone: refused by the caller
     else:

@@ -48,10 +48,6 @@ def check_distributed(cfg: Config, environ: Mapping[str, str] | None = None) -> 
     if d.strategy == "fsdp" and cfg.model.lora_rank > 0:
         raise DistributedSetupError("distributed.strategy 'fsdp' with LoRA (model.lora_rank > 0) is not supported; "
                                     "use ddp, whose replicas train LoRA as one process does")
-    if d.strategy == "fsdp" and cfg.model.activation_checkpointing:
-        raise DistributedSetupError("distributed.strategy 'fsdp' with model.activation_checkpointing is not supported "
-                                    "(the two-pass norm engine fills .grad by an ordinary backward, not through the "
-                                    "sharded gradient sink); use ddp")
     if d.strategy == "fsdp" and r.engine != "hf":
         raise DistributedSetupError(f"distributed.strategy 'fsdp' samples with the in-process engine only "
                                     f"(rollout.engine=hf), not {r.engine!r}")
