@@ -21,8 +21,11 @@ default run (``task.name=<task>``, so its built-in model), seeds 0, 1, 2:
   ``oblr-snr`` with eta_max 1e-3 from the sweep (the same folders, run once).
 
 Run folders are ``OUT/<method>-adamw-lr<lr>/seed<k>/``; ``benchmarks/results/task-claims/`` keeps only each
-run's ``config.yaml`` and ``summary.json`` (its ``.gitignore``), so ``oblr compare`` with the same grid reuses
-finished runs on any machine and a sweep can be run in pieces.
+run's ``config.yaml`` and ``summary.json`` (its ``.gitignore``): the configuration and result of every point
+(``summary.json`` records the code that made it). A sweep can be run in pieces: ``oblr compare`` with the same
+grid reuses the finished runs of a folder made by the same code (the same source hash: run it from the
+commit that started the sweep) on the same machine (the built-in models are built per machine, and their
+weights differ between machines: docs/builtin.md).
 
 ``report`` reads every run folder under each task's roots (a folder without ``summary.json`` is unfinished
 and listed as missing), groups runs by (method, lr) from their ``config.yaml``, and writes per task the
