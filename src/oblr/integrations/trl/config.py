@@ -139,8 +139,9 @@ RULES: tuple[Rule, ...] = (
          "the MoE load-balancing loss's gradient is not part of the estimator S and V describe"),
     Rule("parallelism_config", lambda c: c.parallelism_config is None, "parallelism_config=None",
          "tensor/context-parallel layers have no per-sequence gradient-norm rule"),
-    Rule("fsdp", lambda c: not c.fsdp, "DeepSpeed ZeRO-3 instead of FSDP",
-         "the norm pass needs whole layers, which FSDP shards"),
+    Rule("fsdp", lambda c: not c.fsdp, "DeepSpeed ZeRO-3 instead of FSDP (or oblr train with distributed.strategy=fsdp)",
+         "the path through accelerate's FSDP is untested: accelerate does not apply FSDP on a CPU-only machine, "
+         "where oblr is tested"),
     Rule("lr_scheduler_type", lambda c: not c.oblr_snr_lr or str(getattr(c.lr_scheduler_type, "value",
                                                                          c.lr_scheduler_type)) == "constant",
          "lr_scheduler_type='constant' (or oblr_snr_lr=False to use a schedule)",

@@ -122,7 +122,8 @@ class OBLRGRPOTrainer(GRPOTrainer):
             raise ValueError("OBLRGRPOTrainer: vision-language models are not supported (no per-sequence "
                              "gradient-norm rules for vision towers); use a text model")
         if self.is_fsdp_enabled:
-            raise ValueError("OBLRGRPOTrainer: FSDP is not supported (the norm pass needs whole layers); use "
+            raise ValueError("OBLRGRPOTrainer: FSDP is not supported (untested: accelerate does not apply FSDP on "
+                             "a CPU-only machine, where oblr is tested); use "
                              "DeepSpeed ZeRO-3 (accelerate config with a deepspeed_plugin)")
         if args.activation_checkpointing and self.is_deepspeed_enabled and args.deepspeed_plugin.zero_stage == 3:
             raise ValueError("OBLRGRPOTrainer: activation_checkpointing=True is not supported under DeepSpeed ZeRO-3 "
