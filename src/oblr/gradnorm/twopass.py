@@ -38,13 +38,6 @@ from .engine import BookKeeper, _Hooked
 from .gram import group_gram
 
 
-def _fsdp_sharded(model: nn.Module) -> bool:
-    """Whether ``model`` is sharded by FSDP2's ``fully_shard`` (its parameters are DTensors)."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
 class _Tap(torch.autograd.Function):
     """Identity on ``y``; in the norm pass its backward hands ``(x, g)`` to the engine."""
 
@@ -80,7 +73,9 @@ class TwoPassBookKeeper(BookKeeper):
                  grad_sink=None):
         if method == "loop":
             raise ValueError("TwoPassBookKeeper: method 'loop' is the one-pass BookKeeper's reference; use BookKeeper")
-        self._fsdp = _fsdp_sharded(model)
+        from oblr.distributed.fsdp import is_sharded
+
+        self._fsdp = is_sharded(model)
         if grad_sink is not None and not self._fsdp:
             raise ValueError("TwoPassBookKeeper: grad_sink is not supported (its gradient pass is an ordinary "
                              "backward that fills .grad)")

@@ -240,11 +240,9 @@ def wrap_optimizer_step(engine, lr: ActorLearningRate) -> None:
 
 
 def _rank_world() -> tuple[int, int]:
-    import torch.distributed as dist
+    from oblr.distributed.env import rank, world_size
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    return rank(), world_size()
 
 
 def save_lr_state(lr: ActorLearningRate, local_path) -> str:
