@@ -58,6 +58,9 @@ FULL_CASES = [
     # (30 layers, hidden 576, 9/3 heads of 64, MLP 1536, vocab 49152 tied); --methods grpo,oblr --cases 7
     Case(hidden=576, layers=30, vocab=49152, prompt_len=32, response_len=128, n_prompts=2, group_size=4,
          heads=9, kv_heads=3, head_dim=64, intermediate=1536),
+    # a large vocabulary at T = 1024, where the logits dominate a checkpointed step's memory: the output layer
+    # whole or in chunks (--methods grpo_ckpt,oblr_ckpt,grpo_ckpt_chunk,oblr_ckpt_chunk --cases 8)
+    Case(hidden=128, layers=8, vocab=16384, prompt_len=32, response_len=992, n_prompts=2, group_size=4),
 ]
 
 
@@ -277,6 +280,18 @@ def main(argv=None) -> int:
             t = statistics.median(res.row("oblr_ckpt").times) / statistics.median(res.row("grpo_ckpt").times)
             mem = res.row("oblr_ckpt").peak_bytes / res.row("grpo_ckpt").peak_bytes
             print(f"with activation checkpointing, {res.case.name}: oblr_ckpt/grpo_ckpt step time {t:.2f}, "
+                  f"peak memory {mem:.2f}")
+        for base in ("grpo_ckpt", "oblr_ckpt"):
+            if {base, base + "_chunk"} <= names:
+                t = statistics.median(res.row(base + "_chunk").times) / statistics.median(res.row(base).times)
+                mem = res.row(base + "_chunk").peak_bytes / res.row(base).peak_bytes
+                print(f"output layer in chunks, {res.case.name}: {base}_chunk/{base} step time {t:.2f}, "
+                      f"peak memory {mem:.2f}")
+        if {"oblr_ckpt_chunk", "grpo_ckpt_chunk"} <= names:
+            t = (statistics.median(res.row("oblr_ckpt_chunk").times)
+                 / statistics.median(res.row("grpo_ckpt_chunk").times))
+            mem = res.row("oblr_ckpt_chunk").peak_bytes / res.row("grpo_ckpt_chunk").peak_bytes
+            print(f"both chunked, {res.case.name}: oblr_ckpt_chunk/grpo_ckpt_chunk step time {t:.2f}, "
                   f"peak memory {mem:.2f}")
     return 0
 

@@ -22,6 +22,8 @@ Methods (see docs/performance.md):
 - ``grpo_ckpt`` / ``oblr_ckpt``: ``grpo`` / ``oblr`` with Hugging Face non-reentrant activation
   checkpointing on for the call (``oblr.models.enable_activation_checkpointing``; OBLR-PO then runs on the
   two-pass engine, :class:`oblr.gradnorm.TwoPassBookKeeper`); compare ``oblr_ckpt`` with ``grpo_ckpt``;
+- ``grpo_ckpt_chunk`` / ``oblr_ckpt_chunk``: the same with the output layer applied ``LOGIT_CHUNK`` positions
+  at a time (``model.logit_chunk_tokens``, :func:`oblr.logprobs.chunked_response_logprobs`);
 - ``oblr_auto``: ``oblr`` plus one step of the ``auto`` lr schedule (:mod:`oblr.step_scale`: buffer
   copies, three dot products, the AdamW noise gain), on a shadow AdamW over the same parameters whose lr
   it sets (the harness's optimizer keeps lr 0).
@@ -47,6 +49,8 @@ from oblr.losses import policy_loss, sequence_scale
 from oblr.update import UpdateSettings, accumulate_policy_gradient
 
 AGGREGATION = "seq_sum_const"
+#: positions per output-layer chunk of the ``*_chunk`` methods (``model.logit_chunk_tokens``)
+LOGIT_CHUNK = 128
 #: LoRA targets of a real-model case: the trainer's default ``model.lora_targets``
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -164,9 +168,11 @@ class Ctx:
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
-def _settings(ctx: Ctx, baseline: str, need_snr: bool, norms_method: str = "auto") -> UpdateSettings:
+def _settings(ctx: Ctx, baseline: str, need_snr: bool, norms_method: str = "auto",
+              logit_chunk: int = 0) -> UpdateSettings:
     return UpdateSettings(baseline=baseline, aggregation=AGGREGATION, max_len=ctx.max_len, need_snr=need_snr,
-                          micro_batch_groups=ctx.micro_batch_groups, norms_method=norms_method)
+                          micro_batch_groups=ctx.micro_batch_groups, norms_method=norms_method,
+                          logit_chunk_tokens=logit_chunk)
 
 
 def step_grpo(ctx: Ctx):
@@ -177,6 +183,16 @@ def step_grpo(ctx: Ctx):
 def step_oblr(ctx: Ctx):
     return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "oblr", True)) \
         .per_prompt_sq_norms
+
+
+def step_grpo_chunk(ctx: Ctx):
+    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
+                                      _settings(ctx, "grpo", False, logit_chunk=LOGIT_CHUNK)).per_prompt_sq_norms
+
+
+def step_oblr_chunk(ctx: Ctx):
+    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
+                                      _settings(ctx, "oblr", True, logit_chunk=LOGIT_CHUNK)).per_prompt_sq_norms
 
 
 def step_oblr_loop(ctx: Ctx):
@@ -375,6 +391,10 @@ def methods() -> list[Method]:
                _checkpointing_on, _checkpointing_off),
         Method("oblr_ckpt", step_oblr, "OBLR-PO with activation checkpointing: two-pass engine (norm pass into "
                "per-prompt Grams, then an ordinary backward)", _checkpointing_on, _checkpointing_off),
+        Method("grpo_ckpt_chunk", step_grpo_chunk, f"grpo_ckpt with the output layer in chunks of {LOGIT_CHUNK} "
+               "positions (model.logit_chunk_tokens)", _checkpointing_on, _checkpointing_off),
+        Method("oblr_ckpt_chunk", step_oblr_chunk, f"oblr_ckpt with the output layer in chunks of {LOGIT_CHUNK} "
+               "positions (model.logit_chunk_tokens)", _checkpointing_on, _checkpointing_off),
         Method("oblr_auto", auto, "OBLR-PO as oblr + the auto lr schedule's step (oblr.step_scale)", auto.setup),
         Method("oblr_loop", step_oblr_loop, "OBLR-PO, norms_method=loop: 1 forward + 1 backward per sequence"),
         Method("loop", step_loop, "loop: 1 forward + 1 backward per sequence"),

@@ -34,6 +34,7 @@ class Scenario:
     grad_clip: float = 0.0
     bucket_mb: float = 25.0
     checkpointing: bool = False  # model.activation_checkpointing: the two-pass norm engine
+    logit_chunk: int = 0  # model.logit_chunk_tokens: the output layer in chunks
 
     def policy(self, model):
         """``model`` with this scenario's activation checkpointing (non-reentrant) switched on if asked."""
@@ -46,7 +47,7 @@ class Scenario:
     def settings(self) -> UpdateSettings:
         return UpdateSettings(baseline=self.baseline, aggregation=self.aggregation, max_len=self.max_len,
                               need_snr=self.need_snr, micro_batch_groups=self.micro_batch_groups,
-                              kl_coef=self.kl_coef)
+                              kl_coef=self.kl_coef, logit_chunk_tokens=self.logit_chunk)
 
 
 # fsdp first: the first BookKeeper of the worker process then verifies the RMSNorm rule on DTensor weights
@@ -57,6 +58,8 @@ SCENARIOS = [
     Scenario("fsdp-grpo-plain", "fsdp", baseline="grpo", need_snr=False, aggregation="seq_mean"),
     Scenario("fsdp-oblr-checkpointing-microbatch-kl", "fsdp", max_len=12, micro_batch_groups=1, kl_coef=0.1,
              grad_clip=0.05, checkpointing=True),
+    Scenario("fsdp-oblr-checkpointing-chunked-logits-kl", "fsdp", max_len=12, kl_coef=0.1, checkpointing=True,
+             logit_chunk=3),
     Scenario("ddp-oblr-token_mean", "ddp", aggregation="token_mean", bucket_mb=0.002),
     Scenario("ddp-oblr-microbatch-kl-2epochs", "ddp", max_len=12, micro_batch_groups=1, kl_coef=0.1, epochs=2,
              grad_clip=0.05),

@@ -82,6 +82,10 @@ class ModelConfig:
                                                 "(Hugging Face non-reentrant checkpointing) to save memory; the "
                                                 "exact-norm path then runs a norm pass and a gradient pass "
                                                 "(docs/gradnorm.md)")
+    logit_chunk_tokens: int = opt(0, "apply the output layer this many positions at a time, each chunk "
+                                     "recomputed in the backward, so no [B, T, vocab] logits are held (0 = off; "
+                                     "with exact norms needs activation checkpointing); docs/scale.md",
+                                  range=COUNT0)
 
 
 @dataclass

@@ -4,11 +4,18 @@ Layout convention used across oblr: ``input_ids`` [B, T] holds prompt and respon
 ``attention_mask`` [B, T] is 1 on real tokens; ``response_mask`` [B, T] is 1 on response tokens.
 ``token_logprobs(...)[i, t] = log p(input_ids[i, t] | input_ids[i, <t])``, taken from the logits at
 position ``t - 1``; column 0 is 0 (no prediction for the first token).
+
+:func:`chunked_response_logprobs` gives the scored log-probs without ever holding the ``[B, T, V]`` logits:
+the model's output layer is applied ``chunk`` positions at a time, each chunk under non-reentrant
+checkpointing (its logits are recomputed in the backward, one chunk at a time).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -112,3 +119,109 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 def sequence_logprobs(token_lp: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """l_i = sum_t response_mask[i, t] * token_lp[i, t]. [B]."""
     return (token_lp * response_mask.to(token_lp.dtype)).sum(-1)
+
+
+# ------------------------------------------------------------------ chunked output layer
+#: model types whose causal-LM forward is ``logits = lm_head(hidden)`` with nothing applied afterwards (no
+#: soft-capping or scaling), so the output layer can be swapped for :class:`_ChunkedHead`
+CHUNKABLE_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral", "smollm3")
+
+
+class _ChunkedHead(torch.nn.Module):
+    """Stands in for a causal LM's output layer during one forward: returns the scored token log-probs [B, T]
+    (as :func:`sampling_token_logprobs`) instead of logits, computing the logits ``chunk`` positions at a
+    time. With gradients on, each chunk runs under non-reentrant checkpointing, so no chunk's logits are kept
+    for the backward; the summed token entropy of the response positions is kept in ``entropy_sum``
+    (detached; computed in the forward only, not again when a chunk is recomputed)."""
+
+    def __init__(self, head: torch.nn.Module, input_ids, response_mask, chunk: int, temperature: float,
+                 top_p: float):
+        super().__init__()
+        self.head = head
+        self.ids, self.rm = input_ids, response_mask
+        self.chunk, self.temperature, self.top_p = chunk, temperature, top_p
+        self.entropy_sum = None
+        self.out = None
+        self._forwarding = False
+
+    def _piece(self, h: torch.Tensor, t0: int) -> torch.Tensor:
+        t1 = t0 + h.shape[1]
+        logits = self.head(h)
+        lp = sampling_log_probs(logits, temperature=self.temperature, top_p=self.top_p)
+        if self._forwarding:
+            with torch.no_grad():
+                scaled = logits.detach() if self.temperature == 1.0 else logits.detach() / self.temperature
+                logp = torch.log_softmax(scaled.float(), dim=-1)
+                ent = -(logp.exp() * logp).sum(-1)
+                self.entropy_sum = self.entropy_sum + (ent * self.rm[:, t0 + 1:t1 + 1]).sum()
+        return lp.gather(-1, self.ids[:, t0 + 1:t1 + 1, None]).squeeze(-1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        T = hidden.shape[1]
+        if T != self.ids.shape[1]:
+            raise RuntimeError(f"chunked output layer: the model passed {T} positions to its output layer, "
+                               f"expected {self.ids.shape[1]} (a model that slices its hidden states is not supported)")
+        self._forwarding = True
+        self.entropy_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad = torch.is_grad_enabled()
+        parts = []
+        try:
+            for t0 in range(0, T - 1, self.chunk):
+                h = hidden[:, t0:min(T - 1, t0 + self.chunk)]
+                parts.append(checkpoint(self._piece, h, t0, use_reentrant=False) if grad else self._piece(h, t0))
+        finally:
+            self._forwarding = False
+        self.out = torch.nn.functional.pad(torch.cat(parts, dim=1), (1, 0), value=0.0)
+        return self.out
+
+
+def _head_slot(model: torch.nn.Module):
+    """``(parent, attribute, head)``: where the model keeps its output layer (through PEFT wrappers too)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output layer (get_output_embeddings() is None); "
+                         "model.logit_chunk_tokens needs one")
+    for name, mod in model.named_modules():
+        if mod is head:
+            parent, _, attr = name.rpartition(".")
+            return (model.get_submodule(parent) if parent else model), attr, head
+    raise ValueError(f"{type(model).__name__}: its output layer is not one of its submodules")
+
+
+def check_chunkable(model_type: str | None, where: str = "model.logit_chunk_tokens") -> None:
+    """Refuse a model type whose forward may post-process the logits (one line)."""
+    if model_type not in CHUNKABLE_MODEL_TYPES:
+        raise ValueError(f"{where}: model type {model_type!r} is not known to return its output layer's logits "
+                         f"unchanged (known: {', '.join(CHUNKABLE_MODEL_TYPES)}); set it to 0")
+
+
+@contextmanager
+def _swapped_head(model, head_stand_in):
+    parent, attr, head = _head_slot(model)
+    setattr(parent, attr, head_stand_in)
+    try:
+        yield
+    finally:
+        setattr(parent, attr, head)
+
+
+def chunked_response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                              response_mask: torch.Tensor, *, chunk: int, temperature: float = 1.0,
+                              top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token log-probs [B, T], entropy sum)``: :func:`response_token_logprobs` of :func:`forward_logits`
+    and the summed response-token entropy of ``softmax(logits / temperature)``, with the output layer applied
+    ``chunk`` positions at a time (module docstring). Peak logit memory ``~ B * chunk * V`` instead of
+    ``B * T * V``; the backward recomputes each chunk's logits (one more output-layer product)."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    check_chunkable(getattr(getattr(model, "config", None), "model_type", None))
+    _, _, head = _head_slot(model)
+    stand_in = _ChunkedHead(head, input_ids, response_mask.to(torch.float32), chunk, temperature, top_p)
+    with _swapped_head(model, stand_in):
+        out = model(input_ids=input_ids, attention_mask=attention_mask,
+                    position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    if out.logits is not stand_in.out:
+        raise RuntimeError(f"{type(model).__name__} changed its output layer's result before returning it; "
+                           "model.logit_chunk_tokens cannot be used with it")
+    lp = torch.where(response_mask.bool(), out.logits, torch.zeros_like(out.logits))
+    return lp, stand_in.entropy_sum

@@ -100,25 +100,33 @@ def recompute_bytes(s: Shape, batch: int, tokens: int, act_bytes: int = 4) -> in
     return batch * tokens * act_per_token_layer(s, "grpo") * act_bytes
 
 
-def logits_bytes(s: Shape, plan: str, batch: int, tokens: int) -> int:
-    """The float32 logit-sized tensors live at the peak (``LOGIT_MULT[plan]`` of them)."""
+def chunked(tokens: int, logit_chunk: int) -> bool:
+    """Whether the output layer runs in more than one chunk (``model.logit_chunk_tokens``)."""
+    return 0 < logit_chunk < tokens - 1
+
+
+def logits_bytes(s: Shape, plan: str, batch: int, tokens: int, logit_chunk: int = 0) -> int:
+    """The float32 logit-sized tensors live at the peak (``LOGIT_MULT[plan]`` of them), over ``logit_chunk``
+    positions instead of ``tokens`` when the output layer runs in chunks."""
     if plan not in LOGIT_MULT:
         raise ValueError(f"unknown plan {plan!r}; known: {', '.join(PLANS)}")
-    return LOGIT_MULT[plan] * batch * tokens * s.vocab * 4
+    t = logit_chunk if chunked(tokens, logit_chunk) else tokens
+    return LOGIT_MULT[plan] * batch * t * s.vocab * 4
 
 
 def step_peak_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4, grad_bytes: int = 4,
-                    grad_shards: int = 1) -> int:
+                    grad_shards: int = 1, logit_chunk: int = 0, head_trainable: bool = True) -> int:
     """Peak of one step above the resident model, optimizer state and batch (what ``benchmarks/memory.py``
     measures on CPU): kept activations plus the largest of the step's phases (:func:`phase_bytes`)."""
     if batch < 1 or tokens < 2:
         raise ValueError(f"need batch >= 1 and tokens >= 2, got batch={batch}, tokens={tokens}")
     return (activation_bytes(s, plan, batch, tokens, act_bytes)
-            + max(phase_bytes(s, plan, batch, tokens, act_bytes, grad_bytes, grad_shards).values()))
+            + max(phase_bytes(s, plan, batch, tokens, act_bytes, grad_bytes, grad_shards, logit_chunk,
+                              head_trainable).values()))
 
 
 def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4, grad_bytes: int = 4,
-                grad_shards: int = 1) -> dict[str, int]:
+                grad_shards: int = 1, logit_chunk: int = 0, head_trainable: bool = True) -> dict[str, int]:
     """What each phase adds on top of the kept activations:
 
     - ``logits`` (start of the backward): the logit-sized tensors and ``lm_head``'s gradient (the first one
@@ -127,22 +135,32 @@ def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4
     - ``norm_pass`` (``oblr_ckpt`` only): the two-pass engine's norm pass runs with ``retain_graph``, so the
       logits and saved log-softmax stay, plus ``lm_head``'s output gradient, plus (tied embeddings) its kept
       copy for the cross term -- 4 logit-sized tensors tied, 3 untied -- and one recomputed layer; no gradients.
+
+    With the output layer in chunks of ``logit_chunk`` positions (checkpointed plans): the logit-sized
+    tensors span one chunk, and nothing logit-sized is retained for the gradient pass; the two-pass norm pass
+    holds one recomputed chunk's 4 (the chunks first, then the layers: the larger of that and one recomputed
+    layer) and, when the output layer is trainable (``head_trainable``: not LoRA), the float32 per-row sum of
+    its gradient ``batch * vocab * hidden`` throughout (a module called once per chunk:
+    :class:`oblr.gradnorm.TwoPassBookKeeper`).
     """
     grads = n_params(s) * grad_bytes // grad_shards
     head_grad = s.vocab * s.hidden * grad_bytes // grad_shards
-    out = {"logits": logits_bytes(s, plan, batch, tokens) + (0 if plan == "oblr" else head_grad)}
+    out = {"logits": logits_bytes(s, plan, batch, tokens, logit_chunk) + (0 if plan == "oblr" else head_grad)}
     if plan.endswith("_ckpt"):
         out["recompute"] = recompute_bytes(s, batch, tokens, act_bytes) + grads
-    if plan == "oblr_ckpt":
+    if plan == "oblr_ckpt" and chunked(tokens, logit_chunk):  # the chunks, then the layers; the sum stays
+        out["norm_pass"] = ((batch * s.vocab * s.hidden * 4 if head_trainable else 0)
+                            + max(4 * batch * logit_chunk * s.vocab * 4, recompute_bytes(s, batch, tokens, act_bytes)))
+    elif plan == "oblr_ckpt":
         out["norm_pass"] = ((4 if s.tied else 3) * batch * tokens * s.vocab * 4
                             + recompute_bytes(s, batch, tokens, act_bytes))
     return out
 
 
-def per_sequence_bytes(s: Shape, plan: str, tokens: int, act_bytes: int = 2) -> int:
+def per_sequence_bytes(s: Shape, plan: str, tokens: int, act_bytes: int = 2, logit_chunk: int = 0) -> int:
     """What one more sequence in the micro-batch costs: activations (``act_bytes``) + float32 logits."""
     return activation_bytes(s, plan, 1, tokens, act_bytes) + max(
-        v for k, v in phase_bytes(s, plan, 1, tokens, act_bytes, grad_bytes=0).items())
+        v for k, v in phase_bytes(s, plan, 1, tokens, act_bytes, grad_bytes=0, logit_chunk=logit_chunk).items())
 
 
 def resident_bytes(s: Shape, world: int = 8, param_bytes: int = 2, grad_bytes: int = 2, optim_bytes: int = 12) -> int:
@@ -156,10 +174,11 @@ def resident_bytes(s: Shape, world: int = 8, param_bytes: int = 2, grad_bytes: i
     return sharded + gathered
 
 
-def max_micro_batch(s: Shape, plan: str, tokens: int, budget_bytes: float, world: int = 8) -> int:
+def max_micro_batch(s: Shape, plan: str, tokens: int, budget_bytes: float, world: int = 8,
+                    logit_chunk: int = 0) -> int:
     """Largest micro-batch (sequences) whose predicted peak fits ``budget_bytes`` per GPU (0 if none)."""
     free = budget_bytes - resident_bytes(s, world)
-    return max(0, int(free // per_sequence_bytes(s, plan, tokens)))
+    return max(0, int(free // per_sequence_bytes(s, plan, tokens, logit_chunk=logit_chunk)))
 
 
 # Qwen3 public configs (assumed from the Hugging Face config.json files): layers, hidden, intermediate,

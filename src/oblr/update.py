@@ -52,7 +52,8 @@ import torch
 
 from oblr.estimators import Estimate, estimate, get_estimator
 from oblr.gradnorm import length_weights, logit_energy_weights, make_book
-from oblr.logprobs import forward_logits, response_token_logprobs, sequence_logprobs, token_entropy
+from oblr.logprobs import (chunked_response_logprobs, forward_logits, response_token_logprobs, sequence_logprobs,
+                           token_entropy)
 from oblr.losses import BatchTotals, policy_loss, sequence_kl, sequence_scale
 from oblr.params import grad_sq_norm, trainable_params  # noqa: F401 (re-exported: the core's API)
 from oblr.registry import Registry
@@ -77,6 +78,7 @@ class UpdateSettings:
     top_p: float = 1.0           # ... and its nucleus (rollout.top_p): tokens are scored under it
     assemble_grad: bool = True   # add the gradient to .grad (False: an engine that runs its own backward,
     #                              e.g. DeepSpeed, gets the advantages and, with need_snr, the norms ||g_k||^2)
+    logit_chunk_tokens: int = 0  # > 0: the output layer in chunks of this many positions (model.logit_chunk_tokens)
 
     @classmethod
     def from_config(cls, cfg, *, schedule_needs_snr: bool) -> UpdateSettings:
@@ -86,11 +88,11 @@ class UpdateSettings:
         kw = {f.name: copy.deepcopy(getattr(a, f.name)) for f in dataclasses.fields(cls) if f.name not in DERIVED}
         kw["max_len"] = a.max_len or cfg.rollout.max_new_tokens
         return cls(**kw, need_snr=schedule_needs_snr or a.track_snr, temperature=cfg.rollout.temperature,
-                   top_p=cfg.rollout.top_p)
+                   top_p=cfg.rollout.top_p, logit_chunk_tokens=cfg.model.logit_chunk_tokens)
 
 
 # fields of UpdateSettings that are not keys of the config's ``algorithm`` section
-DERIVED = frozenset({"need_snr", "temperature", "top_p", "assemble_grad"})
+DERIVED = frozenset({"need_snr", "temperature", "top_p", "assemble_grad", "logit_chunk_tokens"})
 
 
 @dataclass
@@ -132,14 +134,24 @@ def _entropy_sum(logits: torch.Tensor, response_mask: torch.Tensor, temperature:
         return (token_entropy(logits) * response_mask).sum()
 
 
-def _scored_logprobs(model, input_ids, attention_mask, response_mask, settings: UpdateSettings, autocast=None):
-    """``(logits, token log-probs [B, T])``: response tokens scored under the distribution that sampled them
-    (``softmax(logits / temperature)``, top-p truncated and renormalised), 0 elsewhere. ``autocast``: a
-    context-manager factory the forward runs in (e.g. accelerate's mixed precision)."""
+def _scored_logprobs(model, input_ids, attention_mask, response_mask, settings: UpdateSettings, autocast=None,
+                     entropy: bool = False):
+    """``(logits, token log-probs [B, T], entropy sum)``: response tokens scored under the distribution that
+    sampled them (``softmax(logits / temperature)``, top-p truncated and renormalised), 0 elsewhere; the
+    summed response-token entropy when ``entropy`` (else None). With ``settings.logit_chunk_tokens`` the
+    output layer runs in chunks (:func:`oblr.logprobs.chunked_response_logprobs`) and ``logits`` is None.
+    ``autocast``: a context-manager factory the forward runs in (e.g. accelerate's mixed precision)."""
+    rmf = response_mask.to(torch.float32)
     with autocast() if autocast is not None else nullcontext():
+        if settings.logit_chunk_tokens:
+            lp, ent = chunked_response_logprobs(model, input_ids, attention_mask, response_mask,
+                                                chunk=settings.logit_chunk_tokens,
+                                                temperature=settings.temperature, top_p=settings.top_p)
+            return None, lp, ent if entropy else None
         logits = forward_logits(model, input_ids, attention_mask)
-    return logits, response_token_logprobs(logits, input_ids, response_mask, temperature=settings.temperature,
-                                           top_p=settings.top_p)
+    lp = response_token_logprobs(logits, input_ids, response_mask, temperature=settings.temperature,
+                                 top_p=settings.top_p)
+    return logits, lp, _entropy_sum(logits, rmf, settings.temperature) if entropy else None
 
 
 def _reference_logprobs(ref_model, input_ids, attention_mask, response_mask, settings, autocast=None) -> torch.Tensor:
@@ -191,6 +203,12 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
         raise ValueError(f"kl_coef = {settings.kl_coef} needs ref_model (the frozen reference policy)")
     book = (make_book(model, method=settings.norms_method, grad_sink=grad_sink)
             if source == "exact" or settings.need_snr else None)
+    if settings.logit_chunk_tokens and source == "logit_energy":
+        raise ValueError(f"baseline {settings.baseline!r} weighs outputs by their logits, which "
+                         "logit_chunk_tokens never holds whole; set it to 0")
+    if settings.logit_chunk_tokens and book is not None and not book._accepts_checkpointing:
+        raise ValueError("logit_chunk_tokens with exact norms needs activation checkpointing (the two-pass engine): "
+                         "the one-pass engine keeps every chunk's logit gradients anyway")
 
     parts: list[Estimate] = []
     old_lps, ref_lps, gks = [], [], []
@@ -200,11 +218,12 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
         local_groups = torch.arange(k1 - k0, device=rmf.device).repeat_interleave(G)
         ref_lp = _reference_logprobs(ref_model, ids[rows], am[rows], rm[rows], settings, autocast) if kl_on else None
         with book.record() if book is not None else nullcontext():
-            logits, tok_lp = _scored_logprobs(model, ids[rows], am[rows], rm[rows], settings, autocast)
+            logits, tok_lp, ent = _scored_logprobs(model, ids[rows], am[rows], rm[rows], settings, autocast,
+                                                   entropy=True)
             seq_lp = sequence_logprobs(tok_lp, rm_mb)
             if book is not None and (source == "exact" or not kl_on):
                 book.backward(seq_lp, retain_graph=kl_on, group_ids=local_groups)  # s_i; with KL, kept for obj_i
-        ent_sum = ent_sum + _entropy_sum(logits, rm_mb, settings.temperature)
+        ent_sum = ent_sum + ent
 
         weights = None
         if source is not None:

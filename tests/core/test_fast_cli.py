@@ -100,6 +100,12 @@ def test_train_help_lists_every_registry_without_torch():
      "'two_pass' chooses an exact-norm engine, but baseline 'grpo' with lr_schedule 'constant' computes no exact"),
     (["algorithm.memory_plan=one_pass", "model.activation_checkpointing=true"],
      "'one_pass' keeps every layer's activations, but model.activation_checkpointing is true"),
+    (["model.logit_chunk_tokens=-1"], "config key 'model.logit_chunk_tokens': must be"),
+    (["model.logit_chunk_tokens=512"], "with exact norms chunked logits need the two-pass engine: set "
+     "model.activation_checkpointing=true"),
+    (["model.logit_chunk_tokens=512", "algorithm.memory_plan=one_pass", "algorithm.memory_budget_gb=80"],
+     "chunked logits need the two-pass engine (the one-pass engine keeps every chunk's logit gradients"),
+    (["model.logit_chunk_tokens=512", "algorithm.baseline=otb_proxy"], "weighs outputs by their whole logits"),
 ])
 def test_config_refusals_answer_without_torch(overrides, message):
     res = run_cli(["train", *overrides])

@@ -57,3 +57,83 @@ def test_logprob_gap():
     assert float(gap["rollout/outside_nucleus"]) == 1  # the -inf token: the trainer's nucleus excludes it
     zero = logprob_gap(trainer, trainer, mask)
     assert float(zero["rollout/logprob_gap_max"]) == 0 and float(zero["rollout/logprob_gap_mean"]) == 0
+
+
+# ------------------------------------------------------------------ the output layer in chunks
+def _chunk_case(tied: bool, lora: bool = False):
+    from conftest import tiny_qwen3
+
+    model = tiny_qwen3(seed=5, tied=tied)
+    if lora:
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                           init_lora_weights=False))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 61, (3, 11), generator=gen)
+    am = torch.ones_like(ids)
+    am[0, :2] = 0  # left padding
+    rm = torch.zeros_like(ids)
+    rm[:, 5:] = 1
+    return model, ids, am, rm
+
+
+@pytest.mark.parametrize("tied,lora,chunk", [(True, False, 3), (False, False, 4), (True, True, 2),
+                                             (True, False, 64)])
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.8)])
+def test_chunked_logprobs_equal_the_whole_logits(tied, lora, chunk, temperature, top_p):
+    """Values (-inf outside the nucleus included), entropy and the gradient of a weighted sum equal the
+    unchunked path; the output layer is restored afterwards."""
+    from oblr.logprobs import chunked_response_logprobs, forward_logits, response_token_logprobs, token_entropy
+
+    model, ids, am, rm = _chunk_case(tied, lora)
+    head = model.get_output_embeddings()
+    params = [p for p in model.parameters() if p.requires_grad]
+    w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1))
+
+    def grads(lp):
+        for p in params:
+            p.grad = None
+        (torch.where(torch.isfinite(lp), lp, torch.zeros_like(lp)) * w).sum().backward()
+        return [p.grad.clone() for p in params]
+
+    logits = forward_logits(model, ids, am)
+    whole = response_token_logprobs(logits, ids, rm, temperature=temperature, top_p=top_p)
+    ent = (token_entropy(logits.detach() / temperature) * rm).sum()
+    g_whole = grads(whole)
+    lp, ent_c = chunked_response_logprobs(model, ids, am, rm, chunk=chunk, temperature=temperature, top_p=top_p)
+    assert model.get_output_embeddings() is head
+    fin = torch.isfinite(whole)
+    assert torch.equal(fin, torch.isfinite(lp))
+    if top_p < 1:
+        assert not fin.all()  # the nucleus case does cut tokens here
+    assert torch.allclose(lp[fin], whole[fin], atol=1e-6, rtol=1e-5)
+    assert torch.allclose(ent_c, ent, rtol=1e-5)
+    for a, b in zip(grads(lp), g_whole):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_chunked_logprobs_refuse_models_they_cannot_serve():
+    from oblr.logprobs import check_chunkable, chunked_response_logprobs
+
+    model, ids, am, rm = _chunk_case(True)
+    with pytest.raises(ValueError, match="chunk must be >= 1"):
+        chunked_response_logprobs(model, ids, am, rm, chunk=0)
+    with pytest.raises(ValueError, match="model type 'gemma2' is not known"):
+        check_chunkable("gemma2")
+
+    class Scaled(torch.nn.Module):  # a forward that post-processes its output layer's result
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def get_output_embeddings(self):
+            return self.inner.get_output_embeddings()
+
+        def forward(self, **kw):
+            out = self.inner(**kw)
+            out.logits = out.logits * 2.0
+            return out
+
+    with pytest.raises(RuntimeError, match="changed its output layer's result"):
+        chunked_response_logprobs(Scaled(model), ids, am, rm, chunk=3)
+    assert isinstance(model.get_output_embeddings(), torch.nn.Linear)  # restored after the failure

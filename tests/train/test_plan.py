@@ -310,3 +310,37 @@ def test_checkpointing_a_model_that_cannot_is_one_line_before_the_model(small_bu
     cfg = load_config(None, ["algorithm.memory_plan=auto", "algorithm.memory_budget_gb=1", *TINY])
     p = plan_run(cfg, AutoConfig.from_pretrained(small_builtin), prompt_len=30, world=1, device="cpu")
     assert p.engine == "one-pass"
+
+
+def test_chunked_logits_bring_the_papers_long_responses_under_80_gb():
+    """Qwen3-4B, one process, bf16 AdamW, a group of 8 sequences of 256 + 4096 tokens: refused with whole
+    logits (138 GB), planned two-pass with the output layer in chunks; chunking does not pay at short lengths
+    for OBLR-PO (its float32 per-row sum of the output layer's gradient, 8 x vocab x hidden)."""
+    s4 = mm.QWEN3["Qwen3-4B"]
+    res = resident(s4, param_bytes=2, optim_bytes=optimizer_state_bytes("adamw", 0.0, 2))
+    kw = dict(budget_bytes=80 * GB, exact_norms=True, allowed=(True,), groups=8, group_size=8, tokens=4352,
+              param_bytes=2, resident_bytes=res)
+    with pytest.raises(PlanError, match="two-pass 138 GB"):
+        choose_plan(s4, **kw)
+    p = choose_plan(s4, **kw, logit_chunk=256)
+    assert (p.engine, p.logit_chunk) == ("two-pass", 256) and p.groups >= 1 and p.peak_bytes <= 80 * GB
+    assert "output layer in chunks of 256 positions, predicted peak" in p.line()
+    lora = choose_plan(s4, **kw, logit_chunk=256, head_trainable=False)
+    assert lora.peak_bytes < p.peak_bytes  # no per-row sum when the output layer is frozen
+    short = dict(kw, tokens=1280)
+    assert (choose_plan(s4, **short, logit_chunk=1024).peak_bytes > choose_plan(s4, **short).peak_bytes)
+    # GRPO: no per-row sum, chunking only removes logits
+    def grpo(tokens, chunk):
+        return predicted_peak(s4, exact_norms=False, checkpointing=True, sequences=8, tokens=tokens, param_bytes=2,
+                              resident_bytes=res, logit_chunk=chunk)
+
+    assert grpo(4352, 256) < grpo(1280, 0) and grpo(1280, 256) < grpo(1280, 0)
+
+
+def test_plan_run_with_chunked_logits_plans_two_pass_only():
+    from oblr.train.plan import plan_run
+
+    cfg = _cfg("algorithm.memory_plan=auto", "algorithm.memory_budget_gb=100", "model.logit_chunk_tokens=8")
+    p = plan_run(cfg, _hf_config(), prompt_len=16, world=1, device="cpu")
+    assert (p.engine, p.checkpointing, p.logit_chunk) == ("two-pass", True, 8)
+    assert apply_plan(cfg, p).model.activation_checkpointing

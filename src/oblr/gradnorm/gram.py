@@ -73,6 +73,9 @@ def group_gram(contribs: list, grp: Grouping, method: str = "auto") -> Tensor:
                     prod = _left_gram(ac, bc) * torch.bmm(ac.right, bc.right.transpose(1, 2))
                     x = prod.reshape(k1 - k0, M, a.T // M, M, b.T // M).sum((2, 4))
                     out[k0:k1] += x if i == j else x + x.transpose(1, 2)
+    elif len(contribs) == 1 and isinstance(contribs[0], Dense) and grp.contiguous:  # a view, no copy
+        z = contribs[0].z.reshape(K, M, -1)
+        out = torch.bmm(z, z.transpose(1, 2))
     else:
         for k0, k1 in _chunks(K, M * _numel(contribs[0].shape)):
             z = _rows_materialized(contribs[0], index, k0, k1)

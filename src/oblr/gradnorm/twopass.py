@@ -14,7 +14,9 @@ same interface and keeps only per-group Gram matrices:
    on the path to ``dummy``). Each Tap's backward turns ``(x, g)`` into the layer's contributions with its
    rule and reduces them at once into per-group Grams ``M_k[a, b] = <s_{i_a}, s_{i_b}>``
    (:func:`oblr.gradnorm.gram.group_gram`); nothing of the layer is kept. A parameter with several owners
-   or calls (a tied embedding) keeps its contributions until the pass ends, for the cross terms.
+   or calls (a tied embedding) keeps its contributions until the pass ends, for the cross terms; one whose
+   module runs several times (the output layer applied in chunks, :func:`oblr.logprobs.chunked_response_logprobs`)
+   adds every contribution into one per-row sum ``[B, *shape]`` instead (memory independent of the length).
 3. ``sq_norms()`` is the Grams' diagonal and ``group_sq_norms(coeffs, ...)`` is ``c_k^T M_k c_k``.
    ``accumulate_grad(coeffs)`` -- the *gradient pass* -- is an ordinary backward of
    ``sum_i coeffs[i] seq_obj[i]`` on the retained graph (recomputing again), restricted to the trainable
@@ -33,7 +35,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .contrib import Grouping
+from .contrib import Dense, Grouping
 from .engine import BookKeeper, _Hooked
 from .gram import group_gram
 
@@ -86,6 +88,7 @@ class TwoPassBookKeeper(BookKeeper):
         self._gram: torch.Tensor | None = None
         self._obj: torch.Tensor | None = None
         self._kept_entries: set[int] = set()
+        self._summed_entries: set[int] = set()
         self._calls: dict[int, int] = {}
         self._forwarding = False
         super().__init__(model, method=method, allow_loop_fallback=False)
@@ -157,9 +160,11 @@ class TwoPassBookKeeper(BookKeeper):
         self._gram = torch.zeros(self._grp.index.shape + (self._grp.index.shape[1],), device=dev)
         by_id = {id(e.param): e for e in self._entries}
         self._kept_entries = {id(e) for e in by_id.values() if len(e.owners) > 1}
+        self._summed_entries = set()
         for h in self._hooked:
             if self._calls.get(id(h), 0) > 1:
-                self._kept_entries |= {id(e) for e in h.params.values()}
+                self._summed_entries |= {id(e) for e in h.params.values()}
+        self._kept_entries |= self._summed_entries
         for e in self._entries:
             e.contribs = []
         self._B = B
@@ -184,7 +189,16 @@ class TwoPassBookKeeper(BookKeeper):
                              "the engine needs batch-first activations with independent rows")
         for lname, c in h.rule.fn(h.module, x, g.detach(), h.names).items():
             e = h.params[lname]
-            if id(e) in self._kept_entries:
+            if id(e) in self._summed_entries:  # a module called several times (a chunked output layer):
+                if not e.contribs:                 # one running per-row sum, never a list of factors
+                    e.contribs.append(Dense(torch.zeros((B, *c.shape), dtype=torch.float32, device=g.device),
+                                            owned=True))
+                acc = e.contribs[0].z
+                if isinstance(c, Dense):
+                    acc += c.z
+                else:
+                    c.add_to(acc)
+            elif id(e) in self._kept_entries:
                 e.contribs.append(c)
             else:
                 self._gram += group_gram([c], self._grp, self.method)

@@ -21,7 +21,8 @@ two-pass engine, a tighter one a smaller micro-batch, and a budget no plan meets
 budget that would work (:class:`PlanError`, one line).
 
 Predicted peak per device = resident state + :func:`oblr.memory_model.step_peak_bytes` of one micro-batch of
-``groups * G`` sequences of ``prompt + max_new_tokens`` tokens. Resident: parameters in ``model.dtype`` and
+``groups * G`` sequences of ``prompt + max_new_tokens`` tokens (with ``model.logit_chunk_tokens``, the output
+layer in chunks: refused with the one-pass engine, so ``auto`` then plans two-pass only). Resident: parameters in ``model.dtype`` and
 the optimizer's state (AdamW: two moments in the parameters' dtype; SGD with momentum: one; without: none),
 plus a frozen reference copy when ``algorithm.kl_coef > 0``; under FSDP2 the sharded share of these plus the
 gathered layers of :func:`oblr.memory_model.resident_bytes`. Not modelled: generation (the rollout engine's
@@ -70,6 +71,7 @@ class Plan:
     resident_bytes: int
     budget_bytes: int
     budget_source: str         # "algorithm.memory_budget_gb" or "free CUDA memory"
+    logit_chunk: int = 0       # model.logit_chunk_tokens the prediction assumed (0 = whole logits)
 
     @property
     def engine(self) -> str:
@@ -79,8 +81,9 @@ class Plan:
 
     def line(self) -> str:
         """``plan: two-pass, micro-batch 2 groups, predicted peak 61.0 GB of 80.0`` (and what it counts)."""
+        chunk = f", output layer in chunks of {self.logit_chunk} positions" if self.logit_chunk else ""
         return (f"plan: {self.engine}, micro-batch {self.groups} group{'s' * (self.groups != 1)} "
-                f"({self.sequences} sequences of {self.tokens} tokens), predicted peak {_gb(self.peak_bytes)} GB "
+                f"({self.sequences} sequences of {self.tokens} tokens){chunk}, predicted peak {_gb(self.peak_bytes)} GB "
                 f"of {_gb(self.budget_bytes)} per device ({self.budget_source}; resident "
                 f"{_gb(self.resident_bytes)} GB)")
 
@@ -138,17 +141,20 @@ def resident(shape: mm.Shape, *, param_bytes: int, optim_bytes: int, world: int 
 
 
 def predicted_peak(shape: mm.Shape, *, exact_norms: bool, checkpointing: bool, sequences: int, tokens: int,
-                   param_bytes: int, resident_bytes: int, world: int = 1, sharded: bool = False) -> int:
+                   param_bytes: int, resident_bytes: int, world: int = 1, sharded: bool = False,
+                   logit_chunk: int = 0, head_trainable: bool = True) -> int:
     """Resident state plus the memory model's step peak for one micro-batch of ``sequences``."""
     key = ("oblr" if exact_norms else "grpo") + ("_ckpt" if checkpointing else "")
     return resident_bytes + mm.step_peak_bytes(shape, key, sequences, tokens, act_bytes=param_bytes,
-                                               grad_bytes=param_bytes, grad_shards=world if sharded else 1)
+                                               grad_bytes=param_bytes, grad_shards=world if sharded else 1,
+                                               logit_chunk=logit_chunk, head_trainable=head_trainable)
 
 
 def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allowed: tuple[bool, ...],
                 groups: int, group_size: int, tokens: int, param_bytes: int, resident_bytes: int,
                 world: int = 1, sharded: bool = False, max_groups: int = 0,
-                budget_source: str = "algorithm.memory_budget_gb") -> Plan:
+                budget_source: str = "algorithm.memory_budget_gb", logit_chunk: int = 0,
+                head_trainable: bool = True) -> Plan:
     """The plan (module docstring) for a rank with ``groups`` prompt groups of ``group_size`` sequences of
     ``tokens`` tokens; ``allowed``: the checkpointing settings it may use (False = one pass, True = two
     pass / checkpointed); ``max_groups``: a micro-batch the user set (0 = none). Raises :class:`PlanError`
@@ -169,7 +175,7 @@ def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allo
     def peak(ckpt: bool, g: int) -> int:
         return predicted_peak(shape, exact_norms=exact_norms, checkpointing=ckpt, sequences=g * group_size,
                               tokens=tokens, param_bytes=param_bytes, resident_bytes=resident_bytes, world=world,
-                              sharded=sharded)
+                              sharded=sharded, logit_chunk=logit_chunk, head_trainable=head_trainable)
 
     best = None  # (groups, not checkpointing) is the order of preference
     for ckpt in allowed:
@@ -186,7 +192,7 @@ def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allo
     g, ckpt = best
     return Plan(exact_norms=exact_norms, checkpointing=ckpt, groups=g, micro_batch_groups=0 if g == groups else g,
                 sequences=g * group_size, tokens=tokens, peak_bytes=peak(ckpt, g), resident_bytes=resident_bytes,
-                budget_bytes=int(budget_bytes), budget_source=budget_source)
+                budget_bytes=int(budget_bytes), budget_source=budget_source, logit_chunk=logit_chunk)
 
 
 def uses_exact_norms(cfg) -> bool:
@@ -209,7 +215,7 @@ def config_problems(cfg) -> list[tuple[str, str]]:
         if budget is not None and budget > 0:  # a budget out of range is reported by its range
             out.append(("algorithm.memory_budget_gb", f"a budget ({budget:g} GB) is set but algorithm.memory_plan is "
                         "'none'; set algorithm.memory_plan=auto (or one_pass / two_pass) to plan under it"))
-        return out
+        return out + chunk_problems(cfg)
     if plan in ("one_pass", "two_pass"):
         try:
             exact = uses_exact_norms(cfg)
@@ -222,7 +228,31 @@ def config_problems(cfg) -> list[tuple[str, str]]:
     if plan == "one_pass" and cfg.model.activation_checkpointing:
         out.append(("algorithm.memory_plan", "'one_pass' keeps every layer's activations, but "
                     "model.activation_checkpointing is true; use two_pass or auto, or turn checkpointing off"))
-    return out
+    return out + chunk_problems(cfg)
+
+
+def chunk_problems(cfg) -> list[tuple[str, str]]:
+    """``[(key, problem)]`` of ``model.logit_chunk_tokens`` against the other keys (no model needed)."""
+    from oblr.estimators import get_estimator
+
+    a, m = cfg.algorithm, cfg.model
+    if not m.logit_chunk_tokens:
+        return []
+    key = "model.logit_chunk_tokens"
+    try:
+        exact, weights = uses_exact_norms(cfg), get_estimator(a.baseline).weights
+    except (KeyError, ValueError):  # an unknown baseline or schedule is reported on its own
+        return []
+    if weights == "logit_energy":
+        return [(key, f"baseline {a.baseline!r} weighs outputs by their whole logits, which chunking never "
+                 "holds; set it to 0")]
+    if exact and a.memory_plan == "one_pass":
+        return [(key, "chunked logits need the two-pass engine (the one-pass engine keeps every chunk's logit "
+                 "gradients anyway); use algorithm.memory_plan two_pass or auto, or set it to 0")]
+    if exact and not m.activation_checkpointing and a.memory_plan not in ("two_pass", "auto"):
+        return [(key, "with exact norms chunked logits need the two-pass engine: set "
+                 "model.activation_checkpointing=true (or algorithm.memory_plan two_pass / auto), or set it to 0")]
+    return []
 
 
 # ------------------------------------------------------------------------------ at the start of a run
@@ -276,7 +306,7 @@ def plan_run(cfg, hf_config, *, prompt_len: int, world: int, device) -> Plan | N
     exact = uses_exact_norms(cfg)
     sharded = cfg.distributed.strategy == "fsdp"
     if exact:
-        allowed = tuple(c for c in choices if not (m.activation_checkpointing and not c))
+        allowed = tuple(c for c in choices if not ((m.activation_checkpointing or m.logit_chunk_tokens) and not c))
         if checkpointing_support(hf_config) is False:
             allowed = tuple(c for c in allowed if not c) or allowed  # two_pass alone: refused by the caller
     else:
@@ -289,7 +319,8 @@ def plan_run(cfg, hf_config, *, prompt_len: int, world: int, device) -> Plan | N
     return choose_plan(shape, budget_bytes=budget, exact_norms=exact, allowed=allowed,
                        groups=cfg.rollout.prompts_per_step // world, group_size=cfg.rollout.group_size,
                        tokens=prompt_len + cfg.rollout.max_new_tokens, param_bytes=param_bytes, resident_bytes=res,
-                       world=world, sharded=sharded, max_groups=a.micro_batch_groups, budget_source=source)
+                       world=world, sharded=sharded, max_groups=a.micro_batch_groups, budget_source=source,
+                       logit_chunk=m.logit_chunk_tokens, head_trainable=m.lora_rank == 0)
 
 
 def apply_plan(cfg, plan: Plan | None):

@@ -362,7 +362,8 @@ class Trainer:
         """The memory plan (:mod:`oblr.train.plan`; None for ``algorithm.memory_plan: none``) from the model's
         config and tokenizer, no weights; also refuses checkpointing on a model that cannot checkpoint."""
         cfg = self.cfg
-        if cfg.algorithm.memory_plan == "none" and not cfg.model.activation_checkpointing:
+        if (cfg.algorithm.memory_plan == "none" and not cfg.model.activation_checkpointing
+                and not cfg.model.logit_chunk_tokens):
             return None
         from transformers import AutoConfig, AutoTokenizer
 
@@ -372,6 +373,13 @@ class Trainer:
         hf_config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
         if cfg.model.activation_checkpointing:
             check_checkpointing(hf_config)
+        if cfg.model.logit_chunk_tokens:
+            from oblr.logprobs import check_chunkable
+
+            try:
+                check_chunkable(getattr(hf_config, "model_type", None), "config key 'model.logit_chunk_tokens'")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         if cfg.algorithm.memory_plan == "none":
             return None
         task = self.task
