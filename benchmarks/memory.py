@@ -1,6 +1,6 @@
 """Peak memory of one update step measured on CPU against ``oblr.memory_model``, then projected to Qwen3.
 
-    python benchmarks/memory.py            # 7 cases x 4 methods (~2 minutes on 1 thread) + projections
+    python benchmarks/memory.py            # 7 cases x 4 methods, 4 of them also chunked (~3 minutes) + projections
     python benchmarks/memory.py --quick    # 2 small cases, measured vs predicted (well under 3 minutes)
     python benchmarks/memory.py --out benchmarks/results/memory --doc docs/scale.md   # write both
 
@@ -8,7 +8,8 @@ Measurement: ``step_cost.run_case`` with no timed repeats (its warm-up call runs
 with memory events; the peak is torch's CPU tensor memory above what was live at the call's start, so the
 model, optimizer state and batch are excluded and gradients are included), for the methods ``grpo``,
 ``oblr`` (one-pass book-keeping), ``grpo_ckpt`` and ``oblr_ckpt`` (activation checkpointing; two-pass
-engine) of ``step_methods``. Cases are random-init Qwen3-shaped float32 models (4 heads, 2 KV heads, MLP
+engine) of ``step_methods``, and on :data:`CHUNK_CASES` also ``grpo_ckpt_chunk`` / ``oblr_ckpt_chunk`` (the output
+layer in chunks). Cases are random-init Qwen3-shaped float32 models (4 heads, 2 KV heads, MLP
 3x hidden, tied embeddings), B = 2 prompts x 2 samples, a 16-token prompt. Prediction:
 ``oblr.memory_model.step_peak_bytes`` for the same shape, B and padded length. Projections are the model
 only (no GPU was used): per-sequence peak and the largest micro-batch per 80 GB GPU under FSDP2 over 8 GPUs.
@@ -47,7 +48,40 @@ the one-pass `BookKeeper` or the two-pass `TwoPassBookKeeper`) and the micro-bat
 and with 4096 new tokens it refuses: `no plan fits 80 GB per device (algorithm.memory_budget_gb): one group
 of 8 sequences of 4352 tokens needs one-pass 333 GB, two-pass 138 GB; the smallest budget that works is
 137.9 GB`. The micro-batch is counted in whole prompt groups (a group's G sequences share one backward, for
-its norm `||g_k||^2`), and at such lengths the float32 logit-sized tensors of one group dominate.
+its norm `||g_k||^2`), and at such lengths the float32 logit-sized tensors of one group dominate. With the
+output layer in chunks (`model.logit_chunk_tokens=512`, below) the same run is planned:
+
+    [oblr] plan: two-pass, micro-batch 1 group (8 sequences of 4352 tokens), output layer in chunks of 512 positions, predicted peak 53.7 GB of 80 per device (algorithm.memory_budget_gb; resident 24.1 GB)
+
+and with 8192 new tokens (8448 per sequence) the prediction is 62.5 GB (computed, not run; tests/train/test_plan.py
+checks the 4096-token case).
+
+### Chunked logits: `model.logit_chunk_tokens`
+
+`oblr train model.activation_checkpointing=true model.logit_chunk_tokens=512` applies the output layer 512
+positions at a time, each chunk under non-reentrant checkpointing (`oblr.logprobs.chunked_response_logprobs`):
+the forward keeps only each chunk's scored log-probs, and the backward recomputes one chunk's logits at a time,
+so no `[B, T, vocab]` tensor is ever held (the entropy metric is computed chunk by chunk as well). The
+numbers are those of the whole logits (tests/core/test_update_checkpointing.py: w_i, advantages, gradient,
+group norms, S, V, loss, entropy and KL against the loop reference and the unchunked step, tied and untied,
+with LoRA, micro-batches and KL; tests/core/test_logprobs.py: values with temperature and top-p, gradients;
+tests/distributed: 2 FSDP2 ranks with checkpointing against one process; tests/train: an `oblr train` run's
+first step against the default run's). What it costs and needs:
+
+- time: one more output-layer product per recomputation (the chunk's forward again), measured in
+  docs/performance.md (step_cost case 8);
+- memory with exact norms: the two-pass engine cannot reduce a chunk's contribution to the Grams on its own
+  (a row's output-layer gradient is the sum over its chunks), so it keeps one float32 per-row sum of the
+  output layer's gradient, `B x vocab x hidden` (1.56 GB per sequence for Qwen3-4B) when the output layer is
+  trained (not with LoRA). Below a few thousand tokens that can exceed what chunking saves: the planner
+  predicts both, so compare the plan lines with and without it;
+- exact norms need the two-pass engine: `model.logit_chunk_tokens` with the one-pass engine (no
+  checkpointing, `memory_plan=one_pass`) is refused in one line, and `memory_plan=auto` then plans two-pass
+  only; a baseline weighted by the logits themselves (`otb_proxy`) is refused too;
+- models: the causal-LM classes whose forward returns the output layer's result unchanged (model types
+  qwen3, qwen2, llama, mistral, smollm3); any other model type is refused before the weights load, and a
+  forward that changes the result anyway is caught at the first step;
+- not in `OBLRGRPOTrainer` (TRL computes its own log-probs) nor in the verl recipe (verl's actor does).
 
 | key | values | meaning |
 |---|---|---|
@@ -80,9 +114,9 @@ micro-batches are small.
   plans only. A model class whose `supports_gradient_checkpointing` is false is refused for
   `model.activation_checkpointing=true` and `two_pass`, read off the class that its `config.json` names
   (no weights); `auto` leaves the two-pass engine out for it.
-- **Distributed.** The budget is per rank. Under `fsdp` checkpointing is not supported
-  (docs/distributed.md), so `auto` plans the one-pass engine only and `two_pass` is refused; under `ddp` each
-  rank holds the whole resident state.
+- **Distributed.** The budget is per rank. Under `fsdp` the resident state is the rank's shard plus the
+  gathered layers, and both engines are planned (checkpointing works with FSDP2: docs/distributed.md);
+  under `ddp` each rank holds the whole resident state.
 - **Refusals** (one line, exit status 2, before the weights load): a plan name that does not exist; a
   budget of 0 or below; a budget with `memory_plan: none`; a budget below the model's own resident state
   ("... is below the model's own resident size, 24.1 GB"); a budget no plan meets, with the smallest budget
@@ -108,6 +142,9 @@ live before it (model, AdamW state, batch excluded; gradients included), for `gr
 `BookKeeper`), `grpo_ckpt` and `oblr_ckpt` (Hugging Face non-reentrant activation checkpointing; the
 two-pass `TwoPassBookKeeper`), B = 2 prompts x 2 samples, a 16-token prompt, 4 heads / 2 KV heads, MLP 3x
 hidden, vocab 2048, tied embeddings.
+
+The `*_chunk` rows are `grpo_ckpt` / `oblr_ckpt` with the output layer in chunks of 128 positions
+(`model.logit_chunk_tokens`, section below), measured on four of the cases.
 
 What the model assumes (docstring of `oblr/memory_model.py`): activations per token per layer counted from
 the tensors a Hugging Face Qwen3 layer saves (GRPO `6h + 7q + 6kv + 4I`; one pass `10h + 5q + 4kv + 4I`, of
@@ -208,18 +245,23 @@ def measured_table(rows) -> str:
     return "\n".join(out)
 
 
+#: the output-layer chunk of the projection's ``*_chunk`` columns
+PROJECTION_CHUNK = 512
+
+
 def projection_table(tokens=(1024, 4096, 8192), budget_gb: float = 80.0, world: int = 8) -> str:
     """Per-sequence peak (GiB, bf16 activations, fp32 logits) and the largest micro-batch per GPU."""
+    cols = [(p, p, 0) for p in mm.PLANS] + [(f"{p}_chunk", p, PROJECTION_CHUNK) for p in ("grpo_ckpt", "oblr_ckpt")]
     out = ["| model | params | resident per GPU (GiB) | response tokens | "
-           + " | ".join(f"{p} GiB/seq | {p} max micro-batch" for p in mm.PLANS) + " |",
-           "|---|---:|---:|---:|" + "---:|" * (2 * len(mm.PLANS))]
+           + " | ".join(f"{c} GiB/seq | {c} max micro-batch" for c, _, _ in cols) + " |",
+           "|---|---:|---:|---:|" + "---:|" * (2 * len(cols))]
     for name, s in mm.QWEN3.items():
         res = mm.resident_bytes(s, world) / mm.GIB
         for t in tokens:
             cells = []
-            for p in mm.PLANS:
-                cells += [f"{mm.per_sequence_bytes(s, p, t) / mm.GIB:.1f}",
-                          str(mm.max_micro_batch(s, p, t, budget_gb * 1e9, world))]
+            for _, p, ch in cols:
+                cells += [f"{mm.per_sequence_bytes(s, p, t, logit_chunk=ch) / mm.GIB:.1f}",
+                          str(mm.max_micro_batch(s, p, t, budget_gb * 1e9, world, logit_chunk=ch))]
             out.append(f"| {name} | {mm.n_params(s) / 1e9:.2f}B | {res:.1f} | {t} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -255,7 +297,10 @@ def main(argv=None) -> int:
     if not args.quick:
         text += ["", "## Projection (memory model only; nothing was run on a GPU)", "",
                  "bf16 activations, float32 logits, FSDP2 over 8 GPUs (bf16 sharded params and grads, fp32 AdamW "
-                 "state), 80 GB per GPU; T = the response tokens (prompt tokens not added); per-sequence figures exclude the resident state.", "",
+                 "state), 80 GB per GPU; T = the response tokens (prompt tokens not added); per-sequence figures "
+                 f"exclude the resident state; `*_chunk`: the output layer in chunks of {PROJECTION_CHUNK} positions "
+                 "(for `oblr_ckpt_chunk` the per-row sum of the output layer's gradient is counted per sequence; "
+                 "a micro-batch is whole groups, so round down to a multiple of G).", "",
                  projection_table()]
     out = "\n".join(text)
     print(out)

@@ -273,7 +273,8 @@ def main(argv=None) -> int:
     print(header + "\n\n" + tables)
     if args.markdown:
         args.markdown.write_text(header + "\n\n" + tables + "\n")
-    print(f"oblr/grpo step-time ratio: {results[0].ratio('oblr'):.2f}")
+    if any(r.method == "oblr" and r.times for r in results[0].rows):
+        print(f"oblr/grpo step-time ratio: {results[0].ratio('oblr'):.2f}")
     for res in results:
         names = {r.method for r in res.rows if r.error is None and r.times}
         if {"oblr_ckpt", "grpo_ckpt"} <= names:

@@ -20,8 +20,8 @@ from oblr.distributed import (
     global_totals,
     init_distributed,
     make_parallel,
-    shutdown,
 )
+from oblr.distributed.env import exit_worker
 
 
 def _full(t):
@@ -79,7 +79,7 @@ def main(out_path: str) -> None:
     results[sc.name] = {k: float(out[k]) for k in ("grad_sq", "S", "V", "lr")}
     if env.is_main:
         torch.save(results, out_path)
-    shutdown()
+    exit_worker(0)  # not interpreter teardown: gloo's threads can abort it (SIGABRT) after a finished run
 
 
 if __name__ == "__main__":

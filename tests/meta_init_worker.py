@@ -21,8 +21,8 @@ from oblr.distributed import (
     all_gather_objects,
     init_distributed,
     make_parallel,
-    shutdown,
 )
+from oblr.distributed.env import exit_worker
 from oblr.distributed.meta_init import build_empty
 from oblr.distributed.sharded_state import full_model_state
 from oblr.models import place_for_training
@@ -80,7 +80,7 @@ def main(model_dir: str, broken_dir: str, out_path: str) -> None:
     results["broken"] = all_gather_objects([broken])  # every rank's refusal, before any weight was sent
     if env.is_main:
         torch.save(results, out_path)
-    shutdown()
+    exit_worker(0)  # not interpreter teardown: gloo's threads can abort it (SIGABRT) after a finished run
 
 
 if __name__ == "__main__":

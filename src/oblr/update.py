@@ -52,8 +52,13 @@ import torch
 
 from oblr.estimators import Estimate, estimate, get_estimator
 from oblr.gradnorm import length_weights, logit_energy_weights, make_book
-from oblr.logprobs import (chunked_response_logprobs, forward_logits, response_token_logprobs, sequence_logprobs,
-                           token_entropy)
+from oblr.logprobs import (
+    chunked_response_logprobs,
+    forward_logits,
+    response_token_logprobs,
+    sequence_logprobs,
+    token_entropy,
+)
 from oblr.losses import BatchTotals, policy_loss, sequence_kl, sequence_scale
 from oblr.params import grad_sq_norm, trainable_params  # noqa: F401 (re-exported: the core's API)
 from oblr.registry import Registry

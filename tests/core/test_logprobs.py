@@ -83,7 +83,12 @@ def _chunk_case(tied: bool, lora: bool = False):
 def test_chunked_logprobs_equal_the_whole_logits(tied, lora, chunk, temperature, top_p):
     """Values (-inf outside the nucleus included), entropy and the gradient of a weighted sum equal the
     unchunked path; the output layer is restored afterwards."""
-    from oblr.logprobs import chunked_response_logprobs, forward_logits, response_token_logprobs, token_entropy
+    from oblr.logprobs import (
+        chunked_response_logprobs,
+        forward_logits,
+        response_token_logprobs,
+        token_entropy,
+    )
 
     model, ids, am, rm = _chunk_case(tied, lora)
     head = model.get_output_embeddings()

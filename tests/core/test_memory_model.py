@@ -87,3 +87,31 @@ def test_quick_machinery_measures_within_band():
         assert r["measured"] > 0 and 0.8 <= r["ratio"] <= 1.2, (r["plan"], r["ratio"])
     table = memory.measured_table(rows)
     assert "measured/predicted" in table and table.count("\n") == 1 + len(rows)
+
+
+def test_chunked_output_layer_terms():
+    """model.logit_chunk_tokens: logit-sized tensors over one chunk; the two-pass norm pass holds the per-row
+    sum of the output layer's gradient (not with a frozen output layer) and the larger of one chunk's four
+    logit-sized tensors and one recomputed layer; a chunk at least as long as the sequence changes nothing."""
+    s, b, t, c = mm.QWEN3["Qwen3-4B"], 8, 4352, 512
+    assert mm.logits_bytes(s, "grpo_ckpt", b, t, c) == 5 * b * c * s.vocab * 4
+    assert mm.logits_bytes(s, "grpo_ckpt", b, t, t) == mm.logits_bytes(s, "grpo_ckpt", b, t)  # one chunk
+    ph = mm.phase_bytes(s, "oblr_ckpt", b, t, 2, 2, 1, c)
+    rec = mm.recompute_bytes(s, b, t, 2)
+    assert ph["norm_pass"] == b * s.vocab * s.hidden * 4 + max(4 * b * c * s.vocab * 4, rec)
+    frozen = mm.phase_bytes(s, "oblr_ckpt", b, t, 2, 2, 1, c, head_trainable=False)
+    assert frozen["norm_pass"] == max(4 * b * c * s.vocab * 4, rec)
+    whole = mm.step_peak_bytes(s, "oblr_ckpt", b, t, 2, 2)
+    assert mm.step_peak_bytes(s, "oblr_ckpt", b, t, 2, 2, logit_chunk=c) < whole / 2
+    assert mm.max_micro_batch(s, "oblr_ckpt", 4096, 80e9, logit_chunk=c) > mm.max_micro_batch(s, "oblr_ckpt", 4096, 80e9)
+
+
+def test_chunked_rows_measure_within_band():
+    """benchmarks/memory.py's chunked methods against the model on a small case with several chunks."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import memory
+
+    rows = memory.measure(memory.case_of(128, 2, 512, vocab=4096), list(memory.CHUNK_PLANS))
+    assert {r["plan"] for r in rows} == {"grpo"} | set(memory.CHUNK_PLANS)
+    for r in rows:
+        assert r["measured"] > 0 and 0.8 <= r["ratio"] <= 1.25, (r["plan"], r["ratio"])

@@ -47,7 +47,7 @@ def test_tiny_tied_case_every_method_in_table():
         assert r.error is None, (r.method, r.error)
         assert math.isfinite(res.ratio(r.method)) and res.ratio(r.method) > 0
         assert math.isfinite(res.mem_ratio(r.method)) and r.peak_bytes > 0
-        if r.method not in ("grpo", "oblr", "grpo_ckpt"):  # same gradient as the one-backward OBLR-PO step
+        if r.method not in ("grpo", "oblr", "grpo_ckpt", "grpo_ckpt_chunk"):  # the one-backward OBLR-PO step's gradient
             assert r.grad_err < 1e-4, (r.method, r.grad_err)
     assert res.ratio("grpo") == 1.0
     table = step_cost.markdown_table(res)
