@@ -172,12 +172,19 @@ checkpointing only). **It has not been run on a GPU**; only its CPU path (`--dry
 the test suite (tests/scripts/test_gpu_memory_check.py).
 
 Where the model misses: at short responses and the widest case (hidden 256, T = 16+256) the checkpointed
-plans measure ~17 % below the prediction (and `oblr_ckpt` at hidden 128, T = 16+256, in `--quick`, ~16 %):
-there the peak is the start of the backward, and fewer than the 5 (two-pass norm pass: 4) logit-sized
-tensors assumed are live at once; the model errs on the safe side. At 1024 tokens every plan is within 7 %.
-The projected checkpointed peaks are dominated by those float32 logit-sized tensors (5 x T x 151936 x 4
-bytes: 12.4 GB at 4k tokens), so `oblr_ckpt` projects equal to `grpo_ckpt`; chunking the log-softmax over
-T would change that and is not modelled.
+plans measure ~17 % below the prediction: there the peak is the start of the backward, and fewer than the 5
+(two-pass norm pass: 4) logit-sized tensors assumed are live at once; the model errs on the safe side. With the
+output layer in chunks the logits no longer hide the backward of the recomputed layers, and at hidden 128,
+T = 16+1024 the chunked plans measure 1.2-1.3x the prediction: profiled (torch.profiler memory events), the
+peak is inside the top layer's MLP backward, where the gradients of its `B x T x intermediate` tensors
+coexist with the recomputed layer, which the model does not count (at hidden 256 the same rows are within
+4 % and 16 %, so no single per-token term fits both; left uncalibrated: the planner can under-predict a
+chunked run by that transient, about `3 x B x T x intermediate` elements, ~2 GB in bf16 for Qwen3-4B at 8
+sequences of 4352 tokens -- leave headroom). The projected checkpointed peaks
+with whole logits are dominated by the float32 logit-sized tensors (5 x T x 151936 x 4 bytes: 12.4 GB per
+sequence at 4k tokens), so `oblr_ckpt` projects equal to `grpo_ckpt`; with the output layer in chunks of 512
+the per-sequence figures drop to 2-7 GB, and `oblr_ckpt_chunk` pays `vocab x hidden x 4` bytes per sequence
+(1.56 GB for Qwen3-4B) for its per-row sum of the output layer's gradient.
 """
 
 

@@ -11,11 +11,13 @@
    Compared, as max relative error: ``w_i``, advantages, ``.grad``, per-prompt norms, V; S relative to
    ``||gbar||^2 = S + V/N`` (S is the difference ``||gbar||^2 - V/N`` and loses the digits that cancel; the
    plain relative errors are written too); the SNR learning rate ``eta_max * snr_factor(S, V, N)`` relative
-   to ``eta_max``. Passes at 1e-5 (float32).
+   to ``eta_max``. Passes at 1e-5 (float32). The same with the output layer in chunks of 16 positions
+   (``model.logit_chunk_tokens``; 4 with ``--tiny``) against the same loop reference.
 2. **memory** -- random-init models built from Qwen3 configs (``oblr.memory_model.QWEN3``), bf16, one
    micro-batch of ``--seqs`` sequences (2 prompts x 2) of 32 + 992 = 1024 tokens: Qwen3-0.6B shape with
    ``grpo``, ``oblr`` (one pass), ``grpo_ckpt`` and ``oblr_ckpt`` (two-pass, checkpointing on); Qwen3-4B
-   shape with the checkpointed plans only. Measured: ``torch.cuda.max_memory_allocated`` during the
+   shape with the checkpointed plans only; both also with the output layer in chunks of ``LOGIT_CHUNK``
+   (``grpo_ckpt_chunk``, ``oblr_ckpt_chunk``). Measured: ``torch.cuda.max_memory_allocated`` during the
    gradient accumulation (gradients created inside it, no optimizer) minus what was allocated before;
    predicted: :func:`oblr.memory_model.step_peak_bytes` (bf16 activations and gradients). On CPU the peak
    is torch's CPU allocator's, as ``benchmarks/memory.py`` measures it.
@@ -50,10 +52,15 @@ EXACT_CASE = Case(hidden=256, layers=4, vocab=4096, prompt_len=32, response_len=
                   heads=4, kv_heads=2, head_dim=64, intermediate=768, tied=True)
 EXACT_TINY = Case(hidden=64, layers=2, vocab=256, prompt_len=6, response_len=10, n_prompts=3, group_size=4)
 CKPT_PLANS = ("grpo_ckpt", "oblr_ckpt")
+#: the checkpointed plans with the output layer in chunks of LOGIT_CHUNK positions (model.logit_chunk_tokens)
+CHUNK_PLANS = ("grpo_ckpt_chunk", "oblr_ckpt_chunk")
+LOGIT_CHUNK = 512
+TINY_CHUNK = 8  # --tiny: T = 32, so several chunks as well
 # (label, shape, plans); tiny: small shapes of the same structure
-MEMORY_CASES = [("Qwen3-0.6B", mm.QWEN3["Qwen3-0.6B"], mm.PLANS), ("Qwen3-4B", mm.QWEN3["Qwen3-4B"], CKPT_PLANS)]
+MEMORY_CASES = [("Qwen3-0.6B", mm.QWEN3["Qwen3-0.6B"], mm.PLANS + CHUNK_PLANS),
+                ("Qwen3-4B", mm.QWEN3["Qwen3-4B"], CKPT_PLANS + CHUNK_PLANS)]
 MEMORY_TINY = [("tiny tied", mm.Shape(2, 64, 192, 4, 2, 16, 512, True), mm.PLANS),
-               ("tiny untied", mm.Shape(2, 96, 288, 4, 2, 24, 512, False), CKPT_PLANS)]
+               ("tiny untied", mm.Shape(2, 96, 288, 4, 2, 24, 512, False), CKPT_PLANS + CHUNK_PLANS)]
 
 
 def case_of(shape: mm.Shape, prompt_len: int, response_len: int, n_prompts: int, group_size: int) -> Case:
@@ -92,7 +99,7 @@ def _rel(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
-def check_exactness(case: Case, device: torch.device) -> dict:
+def check_exactness(case: Case, device: torch.device, chunk: int = 16) -> dict:
     """Two-pass engine vs the loop, checkpointing on, float32; whole batch and micro-batches of one group."""
     from oblr.snr import snr_factor
 
@@ -103,24 +110,27 @@ def check_exactness(case: Case, device: torch.device) -> dict:
     out = {}
     for micro in (0, 1):
         runs = {}
-        for method in ("loop", "auto"):
-            res = _update(model, batch, rewards, case, baseline="oblr", norms_method=method, micro_batch_groups=micro)
+        for method, c in (("loop", 0), ("auto", 0), ("auto_chunked", chunk)):
+            res = _update(model, batch, rewards, case, baseline="oblr", norms_method=method.split("_")[0],
+                          micro_batch_groups=micro, logit_chunk_tokens=c)
             lr = ETA_MAX * snr_factor(float(res.snr.S), float(res.snr.V), case.n_prompts)
             runs[method] = dict(w=res.estimate.weights.detach(), adv=res.advantages, gk=res.per_prompt_sq_norms,
                                 grad=torch.cat([p.grad.reshape(-1).float() for p in params]),
                                 S=res.snr.S, V=res.snr.V, lr=lr)
-        ref, got = runs["loop"], runs["auto"]
-        errs = {k: _rel(got[k], ref[k]) for k in ("w", "adv", "grad", "gk")}
-        # S = ||gbar||^2 - V/N is a difference: its error is measured on the scale of ||gbar||^2 = S + V/N, and
-        # the learning rate's on the scale of eta_max (the factor S / (S + V/N) lies in [0, 1])
-        scale = float(ref["S"] + ref["V"] / case.n_prompts)
-        errs["S"] = abs(float(got["S"] - ref["S"])) / scale
-        errs["V"] = _rel(got["V"], ref["V"])
-        errs["lr"] = abs(got["lr"] - ref["lr"]) / ETA_MAX
-        raw = {k: _rel(got[k], ref[k]) for k in ("S", "lr")}
-        out[f"micro_batch_groups={micro}"] = dict(errors=errs, plain_relative_errors=raw, max_error=max(errs.values()),
-                                                  passed=max(errs.values()) <= RTOL,
-                                                  values=dict(S=float(ref["S"]), V=float(ref["V"]), lr=ref["lr"]))
+        ref = runs["loop"]
+        for name, tag in (("auto", ""), ("auto_chunked", f", output layer in chunks of {chunk}")):
+            got = runs[name]
+            errs = {k: _rel(got[k], ref[k]) for k in ("w", "adv", "grad", "gk")}
+            # S = ||gbar||^2 - V/N is a difference: its error is measured on the scale of ||gbar||^2 = S + V/N,
+            # and the learning rate's on the scale of eta_max (the factor S / (S + V/N) lies in [0, 1])
+            scale = float(ref["S"] + ref["V"] / case.n_prompts)
+            errs["S"] = abs(float(got["S"] - ref["S"])) / scale
+            errs["V"] = _rel(got["V"], ref["V"])
+            errs["lr"] = abs(got["lr"] - ref["lr"]) / ETA_MAX
+            raw = {k: _rel(got[k], ref[k]) for k in ("S", "lr")}
+            out[f"micro_batch_groups={micro}{tag}"] = dict(
+                errors=errs, plain_relative_errors=raw, max_error=max(errs.values()), passed=max(errs.values()) <= RTOL,
+                values=dict(S=float(ref["S"]), V=float(ref["V"]), lr=ref["lr"]))
     return out
 
 
@@ -143,7 +153,8 @@ def _peak_cuda(fn, device: torch.device) -> float:
     return float(torch.cuda.max_memory_allocated(device) - before)
 
 
-def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.device) -> list[dict]:
+def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.device,
+                 logit_chunk: int = LOGIT_CHUNK) -> list[dict]:
     """Measured step peak above the resident model and batch vs ``memory_model.step_peak_bytes`` (bf16)."""
     model = build_model(case, dtype=torch.bfloat16, device=str(device))
     n = sum(p.numel() for p in model.parameters())
@@ -153,17 +164,20 @@ def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.d
     B, T = case.n_prompts * case.group_size, case.prompt_len + case.response_len
     rows = []
     for plan in plans:
-        _checkpointing(model, plan.endswith("_ckpt"))
+        chunk = logit_chunk if plan.endswith("_chunk") else 0
+        model_plan = plan.removesuffix("_chunk")
+        _checkpointing(model, model_plan.endswith("_ckpt"))
         base = "grpo" if plan.startswith("grpo") else "oblr"
 
-        step = partial(_update, model, batch, rewards, case, baseline=base, need_snr=base == "oblr")
+        step = partial(_update, model, batch, rewards, case, baseline=base, need_snr=base == "oblr",
+                       logit_chunk_tokens=chunk)
 
         for p in model.parameters():
             p.grad = None
         t0 = time.perf_counter()
         measured = _peak_cuda(step, device) if device.type == "cuda" else _peak_cpu(step)
         seconds = time.perf_counter() - t0
-        predicted = mm.step_peak_bytes(shape, plan, B, T, act_bytes=2, grad_bytes=2)
+        predicted = mm.step_peak_bytes(shape, model_plan, B, T, act_bytes=2, grad_bytes=2, logit_chunk=chunk)
         rows.append(dict(model=label, plan=plan, batch=B, tokens=T, measured_bytes=measured,
                          predicted_bytes=predicted, ratio=measured / predicted, seconds=seconds))
         for p in model.parameters():
@@ -210,14 +224,14 @@ def main(argv=None) -> dict:
     if "exactness" not in skip:
         case = EXACT_TINY if args.tiny else EXACT_CASE
         log(f"exactness: {case.name}")
-        report["exactness"] = dict(case=case.name, **check_exactness(case, device))
+        report["exactness"] = dict(case=case.name, **check_exactness(case, device, chunk=4 if args.tiny else 16))
     if "memory" not in skip:
         resp = args.response_len or (30 if args.tiny else 992)
         report["memory"] = []
         for label, shape, plans in (MEMORY_TINY if args.tiny else MEMORY_CASES):
             case = case_of(shape, 2 if args.tiny else 32, resp, 2, 2)
             log(f"memory: {label}, T = {case.prompt_len}+{resp}, plans {', '.join(plans)}")
-            report["memory"] += check_memory(label, shape, plans, case, device)
+            report["memory"] += check_memory(label, shape, plans, case, device, TINY_CHUNK if args.tiny else LOGIT_CHUNK)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=float) + "\n")
     for k, v in report.get("exactness", {}).items():

@@ -142,11 +142,12 @@ def _entropy_sum(logits: torch.Tensor, response_mask: torch.Tensor, temperature:
 def _scored_logprobs(model, input_ids, attention_mask, response_mask, settings: UpdateSettings, autocast=None,
                      entropy: bool = False):
     """``(logits, token log-probs [B, T], entropy sum)``: response tokens scored under the distribution that
-    sampled them (``softmax(logits / temperature)``, top-p truncated and renormalised), 0 elsewhere; the
-    summed response-token entropy when ``entropy`` (else None). With ``settings.logit_chunk_tokens`` the
-    output layer runs in chunks (:func:`oblr.logprobs.chunked_response_logprobs`) and ``logits`` is None.
+    sampled them (``softmax(logits / temperature)``, top-p truncated and renormalised), 0 elsewhere. With
+    ``settings.logit_chunk_tokens`` the output layer runs in chunks
+    (:func:`oblr.logprobs.chunked_response_logprobs`), ``logits`` is None and the third value is the summed
+    response-token entropy when ``entropy``; otherwise it is None (the caller computes the entropy from the
+    logits once its norm pass is done, so its temporaries never add to the forward's peak).
     ``autocast``: a context-manager factory the forward runs in (e.g. accelerate's mixed precision)."""
-    rmf = response_mask.to(torch.float32)
     with autocast() if autocast is not None else nullcontext():
         if settings.logit_chunk_tokens:
             lp, ent = chunked_response_logprobs(model, input_ids, attention_mask, response_mask,
@@ -156,7 +157,7 @@ def _scored_logprobs(model, input_ids, attention_mask, response_mask, settings: 
         logits = forward_logits(model, input_ids, attention_mask)
     lp = response_token_logprobs(logits, input_ids, response_mask, temperature=settings.temperature,
                                  top_p=settings.top_p)
-    return logits, lp, _entropy_sum(logits, rmf, settings.temperature) if entropy else None
+    return logits, lp, None  # the caller takes the entropy from the logits when it needs it (after its backward)
 
 
 def _reference_logprobs(ref_model, input_ids, attention_mask, response_mask, settings, autocast=None) -> torch.Tensor:
@@ -228,7 +229,7 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
             seq_lp = sequence_logprobs(tok_lp, rm_mb)
             if book is not None and (source == "exact" or not kl_on):
                 book.backward(seq_lp, retain_graph=kl_on, group_ids=local_groups)  # s_i; with KL, kept for obj_i
-        ent_sum = ent_sum + ent
+        ent_sum = ent_sum + (ent if logits is None else _entropy_sum(logits, rm_mb, settings.temperature))
 
         weights = None
         if source is not None:

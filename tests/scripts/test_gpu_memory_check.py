@@ -33,7 +33,8 @@ def test_dry_run_checks_exactness_and_writes_every_memory_row(one_thread, tmp_pa
     rep = memory_check.main(["--dry-run", "--out", str(out)])
     assert json.loads(out.read_text())["device"] == "cpu" and rep["tiny"]
     ex = rep["exactness"]
-    for key in ("micro_batch_groups=0", "micro_batch_groups=1"):
+    for key in ("micro_batch_groups=0", "micro_batch_groups=1", "micro_batch_groups=0, output layer in chunks of 4",
+                "micro_batch_groups=1, output layer in chunks of 4"):
         assert set(ex[key]["errors"]) == {"w", "adv", "grad", "gk", "S", "V", "lr"}
         assert ex[key]["passed"] and ex[key]["max_error"] <= memory_check.RTOL, ex[key]
         assert ex[key]["values"]["S"] > 0  # a step with signal, so S and the lr are really compared
@@ -42,8 +43,9 @@ def test_dry_run_checks_exactness_and_writes_every_memory_row(one_thread, tmp_pa
                                                        for p in plans]
     for r, (_, shape, _) in zip(rows, [c for c in memory_check.MEMORY_TINY for _ in c[2]]):
         assert r["measured_bytes"] > 0
-        assert r["predicted_bytes"] == mm.step_peak_bytes(shape, r["plan"], r["batch"], r["tokens"], act_bytes=2,
-                                                          grad_bytes=2)
+        chunk = memory_check.TINY_CHUNK if r["plan"].endswith("_chunk") else 0
+        assert r["predicted_bytes"] == mm.step_peak_bytes(shape, r["plan"].removesuffix("_chunk"), r["batch"],
+                                                          r["tokens"], act_bytes=2, grad_bytes=2, logit_chunk=chunk)
         assert r["ratio"] == pytest.approx(r["measured_bytes"] / r["predicted_bytes"])
 
 
