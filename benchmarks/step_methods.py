@@ -13,6 +13,8 @@ Methods (see docs/performance.md):
 
 - ``grpo``: :func:`oblr.update.accumulate_policy_gradient`, baseline ``"grpo"``, no SNR (the plain path);
 - ``oblr``: the same function, baseline ``"oblr"``, SNR on (book-keeping: one forward, one backward);
+- ``oblr_ghost`` / ``oblr_materialize``: the same with ``norms_method="ghost"`` / ``"materialize"`` instead of
+  the engine's per-parameter choice (``auto``);
 - ``oblr_loop``: the same function with ``norms_method="loop"`` (the trainer's slow exact reference: one
   batched forward, one backward per sequence through the BookKeeper interface);
 - ``loop``: one forward + backward per sequence (batch of one), what public reimplementations do;
@@ -193,6 +195,16 @@ def step_grpo_chunk(ctx: Ctx):
 def step_oblr_chunk(ctx: Ctx):
     return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
                                       _settings(ctx, "oblr", True, logit_chunk=LOGIT_CHUNK)).per_prompt_sq_norms
+
+
+def step_oblr_ghost(ctx: Ctx):
+    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "oblr", True, "ghost")) \
+        .per_prompt_sq_norms
+
+
+def step_oblr_materialize(ctx: Ctx):
+    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
+                                      _settings(ctx, "oblr", True, "materialize")).per_prompt_sq_norms
 
 
 def step_oblr_loop(ctx: Ctx):
@@ -396,6 +408,10 @@ def methods() -> list[Method]:
         Method("oblr_ckpt_chunk", step_oblr_chunk, f"oblr_ckpt with the output layer in chunks of {LOGIT_CHUNK} "
                "positions (model.logit_chunk_tokens)", _checkpointing_on, _checkpointing_off),
         Method("oblr_auto", auto, "OBLR-PO as oblr + the auto lr schedule's step (oblr.step_scale)", auto.setup),
+        Method("oblr_ghost", step_oblr_ghost, "OBLR-PO as oblr with norms_method=ghost (ghost norms wherever "
+               "the rule allows)"),
+        Method("oblr_materialize", step_oblr_materialize, "OBLR-PO as oblr with norms_method=materialize (every "
+               "per-row gradient materialised)"),
         Method("oblr_loop", step_oblr_loop, "OBLR-PO, norms_method=loop: 1 forward + 1 backward per sequence"),
         Method("loop", step_loop, "loop: 1 forward + 1 backward per sequence"),
         Method("two_backward", step_two_backward, "BookKeeper norms pass, then forward + ordinary backward"),
