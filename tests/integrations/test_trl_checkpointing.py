@@ -120,3 +120,36 @@ def test_kl_lora_with_checkpointing_matches_the_reference(trl_model, tmp_path, b
     base = load_model_and_tokenizer(trl_model)[0].eval()
     _check(trainer, policy, lambda ids, t, p: _token_logprobs(base, ids, t, p), 1.0, 1.0, BETA)
     assert books and all(b is TwoPassBookKeeper for b in books) and _checkpointed(trainer)
+
+
+def test_chunked_output_layer_matches_one_at_a_time_reference(trl_model, tmp_path, monkeypatch):
+    """oblr_logit_chunk_tokens=4 (several chunks per row) on the two-pass engine: the same check against the
+    one-sequence-at-a-time reference (whole logits) as without chunks."""
+    calls, orig = [], oblr.update.chunked_response_logprobs
+    monkeypatch.setattr(oblr.update, "chunked_response_logprobs",
+                        lambda *a, **kw: calls.append(kw["chunk"]) or orig(*a, **kw))
+    model, tok = load_model_and_tokenizer(trl_model)
+    trainer = make_trainer(model, tok, tmp_path, **CKPT, oblr_logit_chunk_tokens=4)
+    reference = frozen_copy(trainer, lambda: load_model_and_tokenizer(trl_model)[0])
+    rounds, grads = _run(trainer)
+    batch, res = rounds[0]
+    assert batch.input_ids.shape[1] > 8 and calls and set(calls) == {4}  # the chunked path, rows of 3+ chunks
+    _check_round_against_reference(batch, res, grads[0], reference, trainer.num_generations, temperature=0.7)
+
+
+def test_chunked_output_layer_refusals():
+    from oblr.integrations.trl import OBLRGRPOConfig
+
+    base = dict(output_dir="unused", per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
+                use_cpu=True, bf16=False, report_to=[])
+    with pytest.raises(ValueError, match="oblr_logit_chunk_tokens=8 is not supported: with exact norms the "
+                                         "chunked output layer needs the two-pass engine"):
+        OBLRGRPOConfig(**base, oblr_logit_chunk_tokens=8)
+    with pytest.raises(ValueError, match="oblr_logit_chunk_tokens=-1 is not supported"):
+        OBLRGRPOConfig(**base, oblr_logit_chunk_tokens=-1)
+    with pytest.raises(ValueError, match="weighs outputs by their whole logits"):
+        OBLRGRPOConfig(**base, oblr_logit_chunk_tokens=8, oblr_baseline="otb_proxy", oblr_snr_lr=False)
+    cfg = OBLRGRPOConfig(**base, oblr_logit_chunk_tokens=8, activation_checkpointing=True)
+    assert cfg.oblr_logit_chunk_tokens == 8
+    # GRPO-style (no exact norms): chunks without checkpointing
+    assert OBLRGRPOConfig(**base, oblr_logit_chunk_tokens=8, oblr_baseline="grpo", oblr_snr_lr=False)

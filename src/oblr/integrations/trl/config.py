@@ -12,6 +12,11 @@ Added fields (everything else is TRL's, used exactly as in ``GRPOConfig``):
   ``oblr_schedule_options``: that schedule's own options (``auto``: max_change, scale_ema, probe, confidence).
   The same schedule objects as ``oblr train`` (:mod:`oblr.schedules`), fed the same unclamped statistics.
 
+- ``oblr_logit_chunk_tokens`` (default 0): the update's output layer in chunks of this many positions
+  (:func:`oblr.logprobs.chunked_response_logprobs`, ``model.logit_chunk_tokens`` of ``oblr train``); with exact
+  norms it needs ``activation_checkpointing=True``. TRL's own log-prob passes (old and reference log-probs
+  when it computes them) are TRL's and keep whole logits.
+
 Activation checkpointing (``activation_checkpointing=True``, or its deprecated alias ``gradient_checkpointing``) is
 accepted non-reentrant: ``use_reentrant=False`` is added to ``activation_checkpointing_kwargs`` when not given, and
 ``use_reentrant=True`` is refused; the update core then runs on the two-pass norm engine
@@ -161,7 +166,28 @@ RULES: tuple[Rule, ...] = (
          "a positive number (or 'auto')", "it is the SNR rule's eta_max or the auto schedule's initial guess"),
     Rule("oblr_eta_min", lambda c: math.isfinite(c.oblr_eta_min) and 0.0 <= c.oblr_eta_min <= c.learning_rate,
          "a value in [0, learning_rate]", "it is the floor of the SNR learning rate"),
+    Rule("oblr_logit_chunk_tokens", lambda c: isinstance(c.oblr_logit_chunk_tokens, int)
+         and not isinstance(c.oblr_logit_chunk_tokens, bool) and c.oblr_logit_chunk_tokens >= 0,
+         "an integer >= 0 (0 = whole logits)", "it is a number of positions"),
+    Rule("oblr_logit_chunk_tokens", lambda c: not c.oblr_logit_chunk_tokens
+         or _weights(c.oblr_baseline) != "logit_energy",
+         "oblr_logit_chunk_tokens=0 with this baseline", "the baseline weighs outputs by their whole logits"),
+    Rule("oblr_logit_chunk_tokens", lambda c: not c.oblr_logit_chunk_tokens or bool(c.activation_checkpointing)
+         or not (c.oblr_snr_lr or _weights(c.oblr_baseline) == "exact"),
+         "activation_checkpointing=True with it (or oblr_logit_chunk_tokens=0)",
+         "with exact norms the chunked output layer needs the two-pass engine (the one-pass engine keeps every "
+         "chunk's logit gradients anyway)"),
 )
+
+
+def _weights(baseline: str):
+    """The weights an estimator needs (None for an unknown name: refused by its own rule)."""
+    from oblr.estimators import get_estimator
+
+    try:
+        return get_estimator(baseline).weights
+    except (KeyError, ValueError):
+        return None
 
 
 def _show(value) -> str:
@@ -198,6 +224,10 @@ class OBLRGRPOConfig(GRPOConfig):
                 "(learning_rate is the initial guess; not the paper's rule)"})
     oblr_schedule_options: dict = field(default_factory=dict, metadata={
         "help": "options of oblr_lr_schedule (auto: max_change, scale_ema, probe, confidence)"})
+    oblr_logit_chunk_tokens: int = field(default=0, metadata={
+        "help": "apply the output layer this many positions at a time in the update, each chunk recomputed in "
+                "the backward (no [B, T, vocab] logits held; 0 = whole logits; with exact norms needs "
+                "activation_checkpointing=True)"})
 
     # TRL defaults replaced by the compatible values
     loss_type: str = field(default="dr_grpo", metadata={"help": "must be dr_grpo (constant normalisation)"})

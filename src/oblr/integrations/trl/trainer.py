@@ -121,6 +121,13 @@ class OBLRGRPOTrainer(GRPOTrainer):
         if self._is_vlm:
             raise ValueError("OBLRGRPOTrainer: vision-language models are not supported (no per-sequence "
                              "gradient-norm rules for vision towers); use a text model")
+        if args.oblr_logit_chunk_tokens:
+            from oblr.logprobs import check_chunkable
+
+            try:
+                check_chunkable(getattr(self.model.config, "model_type", None), "oblr_logit_chunk_tokens")
+            except ValueError as e:
+                raise ValueError(f"OBLRGRPOTrainer: {e}") from None
         if self.is_fsdp_enabled:
             raise ValueError("OBLRGRPOTrainer: FSDP is not supported (untested: accelerate does not apply FSDP on "
                              "a CPU-only machine, where oblr is tested); use "
@@ -258,7 +265,8 @@ class OBLRGRPOTrainer(GRPOTrainer):
         G = self.num_generations
         settings = UpdateSettings(baseline=self.args.oblr_baseline, temperature=self.temperature, top_p=self.top_p,
                                   kl_coef=float(self.beta), micro_batch_groups=max(1, self.args.per_device_train_batch_size // G),
-                                  need_snr=self.args.oblr_snr_lr, assemble_grad=self._oblr_fold)
+                                  need_snr=self.args.oblr_snr_lr, assemble_grad=self._oblr_fold,
+                                  logit_chunk_tokens=self.args.oblr_logit_chunk_tokens)
         n_prompts = self.args.generation_batch_size // G
         with self._oblr_core_model() as model:
             res = accumulate_policy_gradient(model, batch, batch.rewards, settings, seq_scale=batch.seq_scale,
