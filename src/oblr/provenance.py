@@ -8,6 +8,11 @@ bytes), whether or not git is there, and ignores everything outside it (tests, d
 commit and whether the work tree had uncommitted changes are recorded for people, not compared.
 :func:`same_code` compares a folder's record with the running code; ``oblr compare`` uses it to refuse (or,
 when asked, rerun) a run folder made by other code (:mod:`oblr.experiments.grid`).
+
+The record also names the start model: ``start_model`` = ``{"name_or_path", "fingerprint"}``, the fingerprint
+(:func:`model_fingerprint`) of the local folder the run's weights were loaded from when it started (None for
+a hub id). Built-in models are built on each machine and differ between machines, so the same code and config
+can start from other weights; :func:`same_start_model` lets ``oblr compare`` tell such a folder apart.
 """
 
 from __future__ import annotations
@@ -32,6 +37,34 @@ def source_hash(package_dir: Path = PACKAGE_DIR) -> str:
             continue
         h.update(path.relative_to(package_dir).as_posix().encode() + b"\0")
         h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+#: files whose bytes make a model folder's fingerprint (weights, and the config that shapes them)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+FULL_HASH_BYTES = 64 << 20  # files up to this size are hashed whole ...
+EDGE_BYTES = 4 << 20        # ... larger ones by size, first and last EDGE_BYTES (seconds for an 8B checkpoint)
+
+
+def model_fingerprint(path) -> str | None:
+    """sha256 over a local model folder's ``config.json`` and weight files (:data:`WEIGHT_SUFFIXES`): each
+    file's name and size, then its bytes (whole up to :data:`FULL_HASH_BYTES`, else its first and last
+    :data:`EDGE_BYTES`). None when ``path`` is not a local folder (a hub id)."""
+    folder = Path(path) if not isinstance(path, Path) else path
+    if not folder.is_dir():
+        return None
+    files = sorted(f for f in folder.iterdir() if f.is_file() and (f.suffix in WEIGHT_SUFFIXES or f.name == "config.json"))
+    h = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}\0{size}\0".encode())
+        with f.open("rb") as fh:
+            if size <= FULL_HASH_BYTES:
+                h.update(fh.read())
+            else:
+                h.update(fh.read(EDGE_BYTES))
+                fh.seek(size - EDGE_BYTES)
+                h.update(fh.read(EDGE_BYTES))
     return h.hexdigest()
 
 
@@ -71,18 +104,35 @@ def read_code_file(run_dir: Path) -> dict | None:
     return rec
 
 
-def code_record(run_dir: Path, start_step: int) -> str:
+def code_record(run_dir: Path, start_step: int, start_model: dict | None = None) -> str:
     """The text of ``code.json`` for a run (re)starting at ``start_step`` in ``run_dir``: the running code as a
     new segment after the segments already recorded there (those at or after ``start_step`` are dropped: the
     steps they made are being made again). Top-level fields: the code of the newest segment; ``mixed`` is
-    true when the segments differ in source."""
+    true when the segments differ in source; ``start_model`` (module docstring): ``start_model`` when the run
+    starts (``start_step`` 0), the recorded one when it resumes."""
     old = read_code_file(run_dir) if start_step > 0 else None
     segs = [s for s in (old or {}).get("segments", []) if s.get("from_step", 0) < start_step]
     if start_step > 0 and not segs:  # resumed from a folder made before code was recorded
         segs = [{"from_step": 0, "version": None, "source_hash": "unknown", "git_commit": None, "git_dirty": None}]
     segs.append({"from_step": start_step, **code_identity()})
     rec = {**code_identity(), "mixed": len({s["source_hash"] for s in segs}) > 1, "segments": segs}
+    model = start_model if start_step == 0 else (old or {}).get("start_model")
+    if model is not None:
+        rec["start_model"] = model
     return json.dumps(rec, indent=2) + "\n"
+
+
+def same_start_model(run_dir: Path, fingerprint: str | None) -> tuple[bool, str]:
+    """``(True, "")`` unless ``run_dir`` recorded a start-model fingerprint and ``fingerprint`` (the model the
+    run would start from now) is another one; then ``(False, why)``. A folder without the record, or a model
+    without a fingerprint (a hub id), cannot be told apart and counts as the same."""
+    rec = read_code_file(run_dir)
+    old = ((rec or {}).get("start_model") or {}).get("fingerprint")
+    if old is None or fingerprint is None or old == fingerprint:
+        return True, ""
+    name = (rec.get("start_model") or {}).get("name_or_path", "?")
+    return False, (f"started from other weights of {name!r} (fingerprint {old[:12]}, the model now is "
+                   f"{fingerprint[:12]}: a built-in model is built per machine)")
 
 
 def describe(rec: dict | None) -> str:

@@ -331,3 +331,65 @@ def test_progress_line_names_the_accuracy_it_prints():
     assert _final_accuracies({"eval_metric": "accuracy_greedy", "eval_accuracy_final": 0.5,
                               "eval_accuracy_greedy_final": 0.5}) == ", final accuracy_greedy 0.500"
     assert _final_accuracies({}) == ""
+
+
+def test_a_run_from_other_weights_of_the_same_model_is_not_reused_silently(grid_run, tmp_path, capsys):
+    """code.json records the start model's fingerprint; a folder whose weights differ from the model the grid
+    would start from now (a built-in model rebuilt elsewhere) is a conflict, rerun or kept like other code."""
+    from oblr.experiments.grid import start_fingerprint
+    from oblr.provenance import read_code_file
+
+    grid_path, out = grid_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    stale = copy / "oblr-snr" / "seed1"
+    rec = read_code_file(stale)
+    plan = plan_grid(load_grid(grid_path), copy)
+    now = start_fingerprint(plan[0].cfg)
+    assert now and rec["start_model"]["fingerprint"] == now  # recorded when the run started
+    assert [p.action for p in plan] == ["reuse"] * 4
+    code = json.loads((stale / "code.json").read_text())
+    code["start_model"]["fingerprint"] = "e" * 64
+    (stale / "code.json").write_text(json.dumps(code))
+    assert main(["compare", "--config", str(grid_path), "--out", str(copy), "--dry-run"]) == 1
+    text = capsys.readouterr().out
+    assert text.count(": conflict - ") == 1 and "started from other weights of" in text and "e" * 12 in text
+    assert main(["compare", "--config", str(grid_path), "--out", str(copy), "--dry-run",
+                 "--on-other-code", "reuse"]) == 0
+    assert "kept although started from other weights" in capsys.readouterr().out
+    del code["start_model"]  # a folder from before the record: not compared
+    (stale / "code.json").write_text(json.dumps(code))
+    assert [p.action for p in plan_grid(load_grid(grid_path), copy)] == ["reuse"] * 4
+
+
+def test_model_fingerprint_follows_the_bytes(tmp_path):
+    from oblr.provenance import model_fingerprint
+
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "config.json").write_text("{}")
+    (a / "model.safetensors").write_bytes(b"\0" * 1000)
+    (a / "notes.txt").write_text("not part of it")
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    assert model_fingerprint(a) == model_fingerprint(b) and len(model_fingerprint(a)) == 64
+    (b / "notes.txt").write_text("changed")
+    assert model_fingerprint(a) == model_fingerprint(b)
+    (b / "model.safetensors").write_bytes(b"\0" * 999 + b"\1")
+    assert model_fingerprint(a) != model_fingerprint(b)
+    assert model_fingerprint("Qwen/Qwen3-4B-Base") is None and model_fingerprint(tmp_path / "missing") is None
+
+
+def test_model_fingerprint_of_large_files_reads_their_edges(tmp_path, monkeypatch):
+    import oblr.provenance as prov
+
+    monkeypatch.setattr(prov, "FULL_HASH_BYTES", 100)
+    monkeypatch.setattr(prov, "EDGE_BYTES", 10)
+    (tmp_path / "model.safetensors").write_bytes(bytes(range(200)))
+    first = prov.model_fingerprint(tmp_path)
+    data = bytearray(range(200))
+    data[195] = 0  # inside the last 10 bytes
+    (tmp_path / "model.safetensors").write_bytes(bytes(data))
+    assert prov.model_fingerprint(tmp_path) != first
+    (tmp_path / "model.safetensors").write_bytes(bytes(range(200)) + b"\0")  # another size
+    assert prov.model_fingerprint(tmp_path) != first

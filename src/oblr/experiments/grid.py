@@ -21,8 +21,9 @@ run is asked for more ``train.steps``), *started* when empty (a partial run with
 cleared first), and a *conflict* (never touched) when it holds a run of another configuration.
 
 A folder made (or resumed) by other oblr code (another source hash, :mod:`oblr.provenance`; folders from before
-runs recorded their code count as other code) is not reused or resumed silently: ``on_other_code`` says what
-happens -- ``refuse`` (default: a conflict naming both codes), ``rerun`` (the folder is moved aside to
+runs recorded their code count as other code), or started from other weights of the same model name (another
+start-model fingerprint: a built-in model rebuilt, e.g. on another machine; folders without the record and hub
+models are not compared), is not reused or resumed silently: ``on_other_code`` says what happens -- ``refuse`` (default: a conflict naming both codes), ``rerun`` (the folder is moved aside to
 ``seed<k>.other-code[-N]`` and the run starts afresh; nothing is deleted) or ``reuse`` (keep it as it is).
 """
 
@@ -38,7 +39,7 @@ from typing import Any
 import yaml
 
 from oblr.config import Config, ConfigError, apply_overrides, config_from_dict, read_config_file
-from oblr.provenance import same_code
+from oblr.provenance import same_code, same_start_model
 from oblr.safe_load import InputError, load_yaml_file
 from oblr.train.checkpoint import latest_checkpoint
 from oblr.train.run_dir import RESUMABLE_CHANGES, config_diff, flatten
@@ -193,14 +194,35 @@ def build_config(grid: Grid, variant: Variant, seed: int, out_dir: Path, overrid
         raise ConfigError(f"{where}: {e}") from None
 
 
-def decide(run_dir: Path, cfg: Config, on_other_code: str = "refuse") -> tuple[str, str]:
-    """``(action, reason)`` for one run folder; see the module docstring."""
+def start_fingerprint(cfg: Config) -> str | None:
+    """The fingerprint (:func:`oblr.provenance.model_fingerprint`) of the weights a run of ``cfg`` would start
+    from: a built-in model (built here if it is not yet), a prepared or local folder; None for a hub id or a
+    prepared model that is not there (nothing local to compare)."""
+    from oblr.models import resolve_model_path
+    from oblr.models.task_builtins import builtin_for_task
+    from oblr.provenance import model_fingerprint
+
+    name = builtin_for_task(cfg.model.name_or_path, cfg.task.name)
+    if not (name.startswith(("builtin", "prepared:")) or Path(name).exists()):
+        return None
+    try:
+        return model_fingerprint(resolve_model_path(name, build=name.startswith("builtin")))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def decide(run_dir: Path, cfg: Config, on_other_code: str = "refuse",
+           fingerprint: str | None = None) -> tuple[str, str]:
+    """``(action, reason)`` for one run folder; see the module docstring. ``fingerprint``: the start model's
+    now (:func:`start_fingerprint`; None: not compared)."""
     if on_other_code not in ON_OTHER_CODE:
         raise ConfigError(f"on_other_code must be one of {', '.join(ON_OTHER_CODE)}, got {on_other_code!r}")
     action, reason = _decide_config(run_dir, cfg)
     if action not in ("reuse", "resume"):
         return action, reason
     same, why = same_code(run_dir)
+    if same:
+        same, why = same_start_model(run_dir, fingerprint)
     if same or on_other_code == "reuse":
         return action, reason + ("" if same else f"; kept although {why}")
     if on_other_code == "rerun":
@@ -259,10 +281,13 @@ def plan_grid(grid: Grid, out_dir: str | Path, overrides: list[str] = (),
     """One :class:`PlannedRun` per (variant, seed), variant-major; all configs validated first."""
     out_dir = Path(out_dir)
     configs = [(v, s, build_config(grid, v, s, out_dir, list(overrides))) for v in grid.variants for s in grid.seeds]
-    plan = []
+    plan, prints = [], {}
     for v, s, cfg in configs:
         rd = run_dir_of(out_dir, v.name, s)
-        action, reason = decide(rd, cfg, on_other_code)
+        key = (cfg.model.name_or_path, cfg.task.name)
+        if key not in prints and ((rd / "summary.json").is_file() or latest_checkpoint(rd) is not None):
+            prints[key] = start_fingerprint(cfg)  # only for folders that could be reused or resumed
+        action, reason = decide(rd, cfg, on_other_code, prints.get(key))
         plan.append(PlannedRun(v.name, s, rd, cfg, action, reason))
     return plan
 

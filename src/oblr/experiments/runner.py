@@ -273,8 +273,10 @@ def register_cli(sub) -> None:
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once (processes); default 1")
     p.add_argument("--verbose", action="store_true", help="show each run's own progress display (jobs=1)")
     p.add_argument("--on-other-code", choices=ON_OTHER_CODE, default="refuse",
-                   help="a run folder made by other oblr code (source hash in its code.json): refuse (default, "
-                        "a conflict naming both), rerun (move it aside to seed<k>.other-code, train again) or reuse")
+                   help="a run folder made by other oblr code (source hash in its code.json) or from other "
+                        "weights of its model (start-model fingerprint, e.g. a built-in model built on another "
+                        "machine): refuse (default, a conflict naming both), rerun (move it aside to "
+                        "seed<k>.other-code, train again) or reuse")
     add_plugin_option(p)
     p.set_defaults(func=_cmd_compare)
 

@@ -164,15 +164,16 @@ def prepare_run_dir(cfg: Config, run_dir: Path, *, resume: bool, or_start: bool,
         warn(f"removed {len(removed)} unfinished checkpoint folder(s) left by a crash: {', '.join(removed)}")
 
 
-def record_run(run_dir: Path, cfg: Config, start_step: int, *, config: bool) -> None:
+def record_run(run_dir: Path, cfg: Config, start_step: int, *, config: bool, start_model: dict | None = None) -> None:
     """Write the run's ``config.yaml`` (with ``config``: a run that starts, not one resumed) and which code makes
-    this segment of the run (:data:`oblr.provenance.CODE_FILE`, from ``start_step``)."""
+    this segment of the run (:data:`oblr.provenance.CODE_FILE`, from ``start_step``), with the start model's
+    ``{"name_or_path", "fingerprint"}`` when it starts."""
     from oblr.provenance import CODE_FILE, code_record
     from oblr.train.checkpoint import write_text_atomic
 
     if config:
         save_config(cfg, run_dir / "config.yaml")
-    write_text_atomic(run_dir / CODE_FILE, code_record(run_dir, start_step))
+    write_text_atomic(run_dir / CODE_FILE, code_record(run_dir, start_step, start_model))
 
 
 def start_over(run_dir: Path, *, or_start: bool, main: bool) -> None:

@@ -348,7 +348,8 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         restored = self.resume and self._restore()
         if main:
-            rundir.record_run(self.run_dir, cfg, self.start_step, config=not restored)
+            rundir.record_run(self.run_dir, cfg, self.start_step, config=not restored,
+                              start_model=self._start_model() if self.start_step == 0 else None)
         # built with the restored weights; sync_weights after every optimizer step keeps it on-policy
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, batch_size=cfg.rollout.batch_size,
                                   **cfg.rollout.engine_options)
@@ -406,6 +407,14 @@ class Trainer:
         self._saved_step = self.start_step
         self._log(f"resumed from {path} at step {self.start_step}")
         return True
+
+    def _start_model(self) -> dict:
+        """``{"name_or_path", "fingerprint"}`` of the weights this run starts from (code.json): the folder the
+        tokenizer and weights were loaded from (None for a hub id)."""
+        from oblr.provenance import model_fingerprint
+
+        return {"name_or_path": self._model_name(),
+                "fingerprint": model_fingerprint(src) if (src := getattr(self.tokenizer, "name_or_path", "")) else None}
 
     def _model_name(self) -> str:
         """``model.name_or_path``; plain ``builtin`` with a task that has its own built-in model is that model."""
