@@ -43,17 +43,17 @@ the one-pass `BookKeeper` or the two-pass `TwoPassBookKeeper`) and the micro-bat
 `memory_plan`). For Qwen3-4B in bf16 with AdamW in one process (N = 8 prompts of up to 256 tokens, G = 8,
 `rollout.max_new_tokens=1024`) the planner's output (computed, not run) is
 
-    [oblr] plan: two-pass, micro-batch 1 group (8 sequences of 1280 tokens), predicted peak 58.1 GB of 80 per device (algorithm.memory_budget_gb; resident 24.1 GB)
+    [oblr] plan: two-pass, micro-batch 1 group (8 sequences of 1280 tokens), predicted peak 58.2 GB of 80 per device (algorithm.memory_budget_gb; resident 24.1 GB)
 
 and with 4096 new tokens it refuses: `no plan fits 80 GB per device (algorithm.memory_budget_gb): one group
 of 8 sequences of 4352 tokens needs one-pass 333 GB, two-pass 138 GB; the smallest budget that works is
-137.9 GB`. The micro-batch is counted in whole prompt groups (a group's G sequences share one backward, for
+138.2 GB`. The micro-batch is counted in whole prompt groups (a group's G sequences share one backward, for
 its norm `||g_k||^2`), and at such lengths the float32 logit-sized tensors of one group dominate. With the
 output layer in chunks (`model.logit_chunk_tokens=512`, below) the same run is planned:
 
-    [oblr] plan: two-pass, micro-batch 1 group (8 sequences of 4352 tokens), output layer in chunks of 512 positions, predicted peak 53.7 GB of 80 per device (algorithm.memory_budget_gb; resident 24.1 GB)
+    [oblr] plan: two-pass, micro-batch 1 group (8 sequences of 4352 tokens), output layer in chunks of 512 positions, predicted peak 54 GB of 80 per device (algorithm.memory_budget_gb; resident 24.1 GB)
 
-and with 8192 new tokens (8448 per sequence) the prediction is 62.5 GB (computed, not run; tests/train/test_plan.py
+and with 8192 new tokens (8448 per sequence) the prediction is 63.6 GB (computed, not run; tests/train/test_plan.py
 checks the 4096-token case).
 
 ### Chunked logits: `model.logit_chunk_tokens`
@@ -149,10 +149,12 @@ The `*_chunk` rows are `grpo_ckpt` / `oblr_ckpt` with the output layer in chunks
 What the model assumes (docstring of `oblr/memory_model.py`): activations per token per layer counted from
 the tensors a Hugging Face Qwen3 layer saves (GRPO `6h + 7q + 6kv + 4I`; one pass `10h + 5q + 4kv + 4I`, of
 which `4h` is calibrated on these measurements; checkpointed: the layer input `h` plus one recomputed
-layer), attention kernels that keep no `T x T` matrix, 5 float32 logit-sized tensors at the start of the
-backward (4 for the one pass; the two-pass norm pass keeps 4 when tied), and the larger of the step's
-phases. It leaves out the one-pass engine's kept-dense conversion (never larger than the factors it
-replaces), chunked assembly work, fragmentation and memory outside torch's allocator.
+layer), the `[B, 1, T, T]` attention mask Hugging Face builds for a padded batch (once: every layer's sdpa
+attention keeps the same tensor; found by listing the tensors a layer saves), attention kernels that keep
+no other `T x T` matrix, 5 float32 logit-sized tensors at the start of the backward (4 for the one pass;
+the two-pass norm pass keeps 4 when tied), and the larger of the step's phases. It leaves out the one-pass
+engine's kept-dense conversion (never larger than the factors it replaces), chunked assembly work,
+fragmentation and memory outside torch's allocator.
 
 Projection assumptions (not measured): Qwen3 shapes from the public Hugging Face configs as remembered
 here (0.6B: 28 layers, hidden 1024, MLP 3072, 16/8 heads; 1.7B: 28, 2048, 6144, 16/8; 4B: 36, 2560,
@@ -172,15 +174,15 @@ checkpointing only). **It has not been run on a GPU**; only its CPU path (`--dry
 the test suite (tests/scripts/test_gpu_memory_check.py).
 
 Where the model misses: at short responses and the widest case (hidden 256, T = 16+256) the checkpointed
-plans measure ~17 % below the prediction: there the peak is the start of the backward, and fewer than the 5
-(two-pass norm pass: 4) logit-sized tensors assumed are live at once; the model errs on the safe side. With the
-output layer in chunks the logits no longer hide the backward of the recomputed layers, and at hidden 128,
-T = 16+1024 the chunked plans measure 1.2-1.3x the prediction: profiled (torch.profiler memory events), the
-peak is inside the top layer's MLP backward, where the gradients of its `B x T x intermediate` tensors
-coexist with the recomputed layer, which the model does not count (at hidden 256 the same rows are within
-4 % and 16 %, so no single per-token term fits both; left uncalibrated: the planner can under-predict a
-chunked run by that transient, about `3 x B x T x intermediate` elements, ~2 GB in bf16 for Qwen3-4B at 8
-sequences of 4352 tokens -- leave headroom). The projected checkpointed peaks
+plans measure ~18 % below the prediction: there the peak is the start of the backward, and fewer than the 5
+(two-pass norm pass: 4) logit-sized tensors assumed are live at once. Every row outside 15 % is an
+over-prediction (the safe side for the planner). With the output layer in chunks the logits no longer hide
+the backward of the recomputed layers: profiled (torch.profiler memory events), the peak is then inside the
+top layer's MLP backward, where the gradients of its `B x T x intermediate` tensors coexist with the
+recomputed layer; the model does not count those (about `3 x B x T x intermediate` elements, ~2 GB in bf16
+for Qwen3-4B at 8 sequences of 4352 tokens), and it counts the attention mask, which a flash-attention run on
+a GPU does not hold (0.3 GB there); they roughly cancel on these CPU cases. Before the mask was counted, the
+chunked rows at hidden 128, T = 16+1024 measured 1.22-1.32x the prediction. The projected checkpointed peaks
 with whole logits are dominated by the float32 logit-sized tensors (5 x T x 151936 x 4 bytes: 12.4 GB per
 sequence at 4k tokens), so `oblr_ckpt` projects equal to `grpo_ckpt`; with the output layer in chunks of 512
 the per-sequence figures drop to 2-7 GB, and `oblr_ckpt_chunk` pays `vocab x hidden x 4` bytes per sequence

@@ -20,6 +20,9 @@ Terms, for a Qwen3-architecture decoder (``Shape``) and a micro-batch of ``B`` s
     the CPU measurements of ``benchmarks/memory.py``, not derived;
   * with activation checkpointing (both GRPO and the two-pass ``TwoPassBookKeeper``): each layer keeps its
     input ``h``; one layer is recomputed at a time;
+  * the ``[B, 1, T, T]`` attention mask of a padded batch (sdpa/eager attention), once: ``T`` per token
+    (profiled on the CPU cases: every layer's attention saves it; without it the chunked-logit plans, whose
+    peak is inside a recomputed layer's backward, measured up to 1.32x the prediction);
 
 - per token outside the layers ``4h`` (embedding output, final norm);
 - on top of these, the largest of the step's phases (:func:`phase_bytes`): at the start of the backward
@@ -90,9 +93,12 @@ def act_per_token_layer(s: Shape, plan: str) -> int:
 
 def activation_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4) -> int:
     """Activations of ``batch`` sequences of ``tokens`` tokens (layers, one recomputed layer if
-    checkpointed, and ``4h`` per token outside the layers)."""
+    checkpointed, and ``4h`` per token outside the layers), plus the ``[B, 1, T, T]`` attention mask Hugging Face
+    builds for a padded batch (sdpa and eager attention; one tensor in the activation dtype that every layer's
+    attention keeps, and checkpointing keeps as a layer input; flash-attention kernels need none, so this errs
+    on the safe side there)."""
     per_tok = s.layers * act_per_token_layer(s, plan) + 4 * s.hidden
-    return batch * tokens * per_tok * act_bytes
+    return batch * tokens * (per_tok + tokens) * act_bytes
 
 
 def recompute_bytes(s: Shape, batch: int, tokens: int, act_bytes: int = 4) -> int:

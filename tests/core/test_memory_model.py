@@ -23,20 +23,20 @@ def test_activation_counts_by_hand():
     assert mm.act_per_token_layer(TINY, "grpo") == 6 * 8 + 7 * 8 + 6 * 4 + 4 * 24 == 224
     assert mm.act_per_token_layer(TINY, "oblr") == 10 * 8 + 5 * 8 + 4 * 4 + 4 * 24 == 232
     assert mm.act_per_token_layer(TINY, "oblr_ckpt") == 8
-    # 3 sequences of 5 tokens, 2 bytes: 3*5*(2*224 + 4*8)*2
-    assert mm.activation_bytes(TINY, "grpo", 3, 5, act_bytes=2) == 3 * 5 * 480 * 2
+    # 3 sequences of 5 tokens, 2 bytes: 3*5*(2*224 + 4*8 + 5)*2 (the last: the [B, 1, T, T] attention mask)
+    assert mm.activation_bytes(TINY, "grpo", 3, 5, act_bytes=2) == 3 * 5 * 485 * 2
 
 
 def test_step_peak_by_hand():
     b, t, P = 3, 5, mm.n_params(TINY)
     logits = 15 * 10 * 4  # one B*T*V float32 tensor
-    # GRPO: activations 15 tokens * 480 elements * 4 bytes + 5 logit-sized tensors + lm_head's gradient (V*h)
-    grpo = 15 * 480 * 4 + 5 * logits + 80 * 4
+    # GRPO: activations 15 tokens * 485 elements * 4 bytes + 5 logit-sized tensors + lm_head's gradient (V*h)
+    grpo = 15 * 485 * 4 + 5 * logits + 80 * 4
     assert mm.step_peak_bytes(TINY, "grpo", b, t) == grpo
-    # one pass: 15 * (2*232 + 32) * 4 + 4 logit-sized tensors, no gradient at the peak
-    assert mm.step_peak_bytes(TINY, "oblr", b, t) == 15 * 496 * 4 + 4 * logits
-    # checkpointed: layer inputs 2*8 + 4*8 outside; then max(5 logits + head grad, one layer 224 + all grads)
-    kept = 15 * 48 * 4
+    # one pass: 15 * (2*232 + 32 + 5) * 4 + 4 logit-sized tensors, no gradient at the peak
+    assert mm.step_peak_bytes(TINY, "oblr", b, t) == 15 * 501 * 4 + 4 * logits
+    # checkpointed: layer inputs 2*8 + 4*8 outside + the mask; then max(5 logits + head grad, one layer 224 + grads)
+    kept = 15 * 53 * 4
     ckpt = kept + max(5 * logits + 80 * 4, 15 * 224 * 4 + P * 4)
     assert mm.step_peak_bytes(TINY, "grpo_ckpt", b, t) == ckpt
     # two-pass norm pass: 4 logit-sized tensors (tied) + one recomputed layer
