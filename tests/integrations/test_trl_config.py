@@ -18,6 +18,7 @@ BAD = {
     "scale_rewards": dict(scale_rewards="group"),
     "multi_objective_aggregation": dict(multi_objective_aggregation="normalize_then_sum"),
     "beta": dict(beta=-0.04),
+    "oblr_logit_chunk_tokens": dict(oblr_logit_chunk_tokens=-1),
     "num_iterations": dict(num_iterations=2),
     "steps_per_generation": dict(steps_per_generation=2),
     "mask_truncated_completions": dict(mask_truncated_completions=True),
