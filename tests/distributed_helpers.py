@@ -66,6 +66,7 @@ SCENARIOS = [
     Scenario("ddp-grpo-plain", "ddp", baseline="grpo", need_snr=False, aggregation="seq_mean"),
     Scenario("ddp-oblr-checkpointing-microbatch-kl", "ddp", max_len=12, micro_batch_groups=1, kl_coef=0.1,
              checkpointing=True),
+    Scenario("ddp-grpo-chunked-logits", "ddp", baseline="grpo", need_snr=False, logit_chunk=4),
 ]
 
 # fsdp with bf16 compute (distributed.options.param_dtype=bfloat16, float32 reductions): close to the float32
