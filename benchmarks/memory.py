@@ -47,7 +47,8 @@ the one-pass `BookKeeper` or the two-pass `TwoPassBookKeeper`) and the micro-bat
 
 and with 4096 new tokens it refuses: `no plan fits 80 GB per device (algorithm.memory_budget_gb): one group
 of 8 sequences of 4352 tokens needs one-pass 333 GB, two-pass 138 GB; the smallest budget that works is
-138.2 GB`. The micro-batch is counted in whole prompt groups (a group's G sequences share one backward, for
+138.2 GB (with the output layer in chunks, model.logit_chunk_tokens=512, two-pass needs 54 GB: docs/scale.md)`
+(the hint appears when chunking is off and would fit). The micro-batch is counted in whole prompt groups (a group's G sequences share one backward, for
 its norm `||g_k||^2`), and at such lengths the float32 logit-sized tensors of one group dominate. With the
 output layer in chunks (`model.logit_chunk_tokens=512`, below) the same run is planned:
 

@@ -320,8 +320,11 @@ def test_chunked_logits_bring_the_papers_long_responses_under_80_gb():
     res = resident(s4, param_bytes=2, optim_bytes=optimizer_state_bytes("adamw", 0.0, 2))
     kw = dict(budget_bytes=80 * GB, exact_norms=True, allowed=(True,), groups=8, group_size=8, tokens=4352,
               param_bytes=2, resident_bytes=res)
-    with pytest.raises(PlanError, match="two-pass 138 GB"):
+    with pytest.raises(PlanError, match=r"two-pass 138 GB; the smallest budget that works is [\d.]+ GB \(with the output "
+                       r"layer in chunks, model.logit_chunk_tokens=512, two-pass needs [\d.]+ GB: docs/scale.md\)$"):
         choose_plan(s4, **kw)
+    with pytest.raises(PlanError, match=r"the smallest budget that works is [\d.]+ GB$"):  # no hint: chunks are on
+        choose_plan(s4, **dict(kw, budget_bytes=30 * GB), logit_chunk=512)
     p = choose_plan(s4, **kw, logit_chunk=256)
     assert (p.engine, p.logit_chunk) == ("two-pass", 256) and p.groups >= 1 and p.peak_bytes <= 80 * GB
     assert "output layer in chunks of 256 positions, predicted peak" in p.line()

@@ -50,6 +50,7 @@ MEMORY_PLANS.register("one_pass", (False,))
 MEMORY_PLANS.register("two_pass", (True,))
 
 ENGINE_NAMES = {False: "one-pass", True: "two-pass"}  # with exact norms, by checkpointing
+HINT_CHUNK = 512  # the model.logit_chunk_tokens a refusal without chunking suggests
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -177,6 +178,20 @@ def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allo
                               tokens=tokens, param_bytes=param_bytes, resident_bytes=resident_bytes, world=world,
                               sharded=sharded, logit_chunk=logit_chunk, head_trainable=head_trainable)
 
+    def _chunk_hint() -> str:
+        """What chunked logits would need, when they are off, checkpointing is allowed and they would help."""
+        if logit_chunk or True not in allowed or tokens - 1 <= HINT_CHUNK:
+            return ""
+        chunked = predicted_peak(shape, exact_norms=exact_norms, checkpointing=True, sequences=group_size,
+                                 tokens=tokens, param_bytes=param_bytes, resident_bytes=resident_bytes, world=world,
+                                 sharded=sharded, logit_chunk=HINT_CHUNK, head_trainable=head_trainable)
+        if chunked >= peak(True, 1):
+            return ""
+        return (f" (with the output layer in chunks, model.logit_chunk_tokens={HINT_CHUNK}, two-pass needs "
+                f"{_gb(chunked)} GB: docs/scale.md)" if exact_norms else
+                f" (with the output layer in chunks, model.logit_chunk_tokens={HINT_CHUNK}, it needs {_gb(chunked)} GB: "
+                "docs/scale.md)")
+
     best = None  # (groups, not checkpointing) is the order of preference
     for ckpt in allowed:
         g = next((g for g in range(top, 0, -1) if peak(ckpt, g) <= budget_bytes), 0)
@@ -188,7 +203,7 @@ def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allo
                         f"{_gb(peak(c, 1))} GB" for c in allowed)
         raise PlanError(f"{key}: no plan fits {budget_bytes / GB:g} GB per device ({budget_source}): one group of "
                         f"{group_size} sequences of {tokens} tokens needs {per}; the smallest budget that works is "
-                        f"{_gb_up(need):.1f} GB")
+                        f"{_gb_up(need):.1f} GB" + _chunk_hint())
     g, ckpt = best
     return Plan(exact_norms=exact_norms, checkpointing=ckpt, groups=g, micro_batch_groups=0 if g == groups else g,
                 sequences=g * group_size, tokens=tokens, peak_bytes=peak(ckpt, g), resident_bytes=resident_bytes,
