@@ -171,7 +171,8 @@ class _ChunkedHead(torch.nn.Module):
                 parts.append(checkpoint(self._piece, h, t0, use_reentrant=False) if grad else self._piece(h, t0))
         finally:
             self._forwarding = False
-        self.out = torch.nn.functional.pad(torch.cat(parts, dim=1), (1, 0), value=0.0)
+        lp = torch.cat(parts, dim=1) if parts else hidden.new_zeros((hidden.shape[0], 0), dtype=torch.float32)
+        self.out = torch.nn.functional.pad(lp, (1, 0), value=0.0)  # one position: nothing predicted, [B, 1]
         return self.out
 
 

@@ -47,17 +47,18 @@ EDGE_BYTES = 4 << 20        # ... larger ones by size, first and last EDGE_BYTES
 
 
 def model_fingerprint(path) -> str | None:
-    """sha256 over a local model folder's ``config.json`` and weight files (:data:`WEIGHT_SUFFIXES`): each
-    file's name and size, then its bytes (whole up to :data:`FULL_HASH_BYTES`, else its first and last
+    """sha256 over a local model folder's ``config.json`` and weight files (:data:`WEIGHT_SUFFIXES`, subfolders
+    included): each file's relative path and size, then its bytes (whole up to :data:`FULL_HASH_BYTES`, else its first and last
     :data:`EDGE_BYTES`). None when ``path`` is not a local folder (a hub id)."""
     folder = Path(path) if not isinstance(path, Path) else path
     if not folder.is_dir():
         return None
-    files = sorted(f for f in folder.iterdir() if f.is_file() and (f.suffix in WEIGHT_SUFFIXES or f.name == "config.json"))
+    files = sorted(f for f in folder.rglob("*")
+                   if f.is_file() and (f.suffix in WEIGHT_SUFFIXES or f.name == "config.json"))
     h = hashlib.sha256()
-    for f in files:
+    for f in files:  # subfolders too: a sharded checkpoint keeps its weights under sharded/
         size = f.stat().st_size
-        h.update(f"{f.name}\0{size}\0".encode())
+        h.update(f"{f.relative_to(folder).as_posix()}\0{size}\0".encode())
         with f.open("rb") as fh:
             if size <= FULL_HASH_BYTES:
                 h.update(fh.read())

@@ -106,6 +106,8 @@ def test_train_help_lists_every_registry_without_torch():
     (["model.logit_chunk_tokens=512", "algorithm.memory_plan=one_pass", "algorithm.memory_budget_gb=80"],
      "chunked logits need the two-pass engine (the one-pass engine keeps every chunk's logit gradients"),
     (["model.logit_chunk_tokens=512", "algorithm.baseline=otb_proxy"], "weighs outputs by their whole logits"),
+    (["model.logit_chunk_tokens=512", "model.activation_checkpointing=true", "algorithm.norms_method=loop"],
+     "the loop reference (algorithm.norms_method=loop) runs on the one-pass engine"),
 ])
 def test_config_refusals_answer_without_torch(overrides, message):
     res = run_cli(["train", *overrides])

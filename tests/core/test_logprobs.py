@@ -117,6 +117,14 @@ def test_chunked_logprobs_equal_the_whole_logits(tied, lora, chunk, temperature,
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_chunked_logprobs_of_a_single_position_are_zero():
+    from oblr.logprobs import chunked_response_logprobs
+
+    model, ids, am, rm = _chunk_case(True)
+    lp, ent = chunked_response_logprobs(model, ids[:, :1], am[:, :1], rm[:, :1], chunk=3)
+    assert lp.shape == (3, 1) and not lp.any() and float(ent) == 0.0
+
+
 def test_chunked_logprobs_refuse_models_they_cannot_serve():
     from oblr.logprobs import check_chunkable, chunked_response_logprobs
 

@@ -377,6 +377,11 @@ def test_model_fingerprint_follows_the_bytes(tmp_path):
     assert model_fingerprint(a) == model_fingerprint(b)
     (b / "model.safetensors").write_bytes(b"\0" * 999 + b"\1")
     assert model_fingerprint(a) != model_fingerprint(b)
+    (a / "sharded").mkdir()  # weights in a subfolder (a sharded checkpoint) count too
+    (a / "sharded" / "shard_0.pt").write_bytes(b"1")
+    before = model_fingerprint(a)
+    (a / "sharded" / "shard_0.pt").write_bytes(b"2")
+    assert model_fingerprint(a) != before
     assert model_fingerprint("Qwen/Qwen3-4B-Base") is None and model_fingerprint(tmp_path / "missing") is None
 
 

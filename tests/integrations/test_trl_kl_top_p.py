@@ -100,12 +100,15 @@ def test_kl_and_top_p_full_finetuning(trl_model, tmp_path):
     assert (full - nuc).abs().max() > 1e-2
 
 
-def test_kl_lora_reference_is_the_base_model(trl_model, tmp_path):
-    """With a peft model the reference is the same model with its adapters off (as in TRL)."""
+@pytest.mark.parametrize("chunk", [0, 3])
+def test_kl_lora_reference_is_the_base_model(trl_model, tmp_path, chunk):
+    """With a peft model the reference is the same model with its adapters off (as in TRL); also with the
+    output layer in chunks (the adapters-off reference then runs the chunked forward too)."""
     peft = pytest.importorskip("peft")
     model, tok = load_model_and_tokenizer(trl_model)
     cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM")
-    trainer = make_trainer(model, tok, tmp_path, beta=BETA, peft_config=cfg)
+    extra = dict(oblr_logit_chunk_tokens=chunk, activation_checkpointing=True) if chunk else {}
+    trainer = make_trainer(model, tok, tmp_path, beta=BETA, peft_config=cfg, **extra)
     assert trainer.ref_model is None
     with torch.no_grad():  # B = 0 at init: the adapter would be the identity and KL 0
         for n, p in trainer.model.named_parameters():

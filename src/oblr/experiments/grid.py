@@ -199,11 +199,12 @@ def start_fingerprint(cfg: Config) -> str | None:
     from: a built-in model (built here if it is not yet), a prepared or local folder; None for a hub id or a
     prepared model that is not there (nothing local to compare)."""
     from oblr.models import resolve_model_path
+    from oblr.models.prepare import PREPARABLE
     from oblr.models.task_builtins import builtin_for_task
     from oblr.provenance import model_fingerprint
 
     name = builtin_for_task(cfg.model.name_or_path, cfg.task.name)
-    if not (name.startswith(("builtin", "prepared:")) or Path(name).exists()):
+    if not (name.startswith(("builtin", "prepared:")) or Path(name).exists() or name in PREPARABLE):
         return None
     try:
         return model_fingerprint(resolve_model_path(name, build=name.startswith("builtin")))

@@ -261,6 +261,9 @@ def chunk_problems(cfg) -> list[tuple[str, str]]:
     if weights == "logit_energy":
         return [(key, f"baseline {a.baseline!r} weighs outputs by their whole logits, which chunking never "
                  "holds; set it to 0")]
+    if exact and a.norms_method == "loop":
+        return [(key, "the loop reference (algorithm.norms_method=loop) runs on the one-pass engine, and chunked "
+                 "logits need the two-pass engine; use another norms_method, or set it to 0")]
     if exact and a.memory_plan == "one_pass":
         return [(key, "chunked logits need the two-pass engine (the one-pass engine keeps every chunk's logit "
                  "gradients anyway); use algorithm.memory_plan two_pass or auto, or set it to 0")]

@@ -105,6 +105,11 @@ class _AdapterOffReference:
         with use_adapter(self.peft_model, adapter_name=name):
             return self.model(**kwargs)
 
+    def __getattr__(self, name):  # config, get_output_embeddings, named_modules, ... (the chunked output layer)
+        if name in ("model", "peft_model"):
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
 
 class OBLRGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose advantages, gradient and learning rate are OBLR-PO's. See the module docstring."""
