@@ -77,8 +77,9 @@ first step against the default run's). What it costs and needs:
   trained (not with LoRA). Below a few thousand tokens that can exceed what chunking saves: the planner
   predicts both, so compare the plan lines with and without it;
 - exact norms need the two-pass engine: `model.logit_chunk_tokens` with the one-pass engine (no
-  checkpointing, `memory_plan=one_pass`) is refused in one line, and `memory_plan=auto` then plans two-pass
-  only; a baseline weighted by the logits themselves (`otb_proxy`) is refused too;
+  checkpointing, `memory_plan=one_pass`, or the loop reference `algorithm.norms_method=loop`) is refused in
+  one line, and `memory_plan=auto` then plans two-pass only; a baseline weighted by the logits themselves
+  (`otb_proxy`) is refused too;
 - models: the causal-LM classes whose forward returns the output layer's result unchanged (model types
   qwen3, qwen2, llama, mistral, smollm3); any other model type is refused before the weights load, and a
   forward that changes the result anyway is caught at the first step;
