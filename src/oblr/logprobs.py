@@ -109,11 +109,15 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     return gather_logprobs(forward_logits(model, input_ids, attention_mask), input_ids)
 
 
+def entropy_of_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of ``softmax(logits)`` over the last dimension, float32. [...]"""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the next-token distribution predicting position t, aligned like the log-probs. [B, T]."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    ent = -(logp.exp() * logp).sum(-1)
-    return torch.nn.functional.pad(ent, (1, 0), value=0.0)
+    return torch.nn.functional.pad(entropy_of_logits(logits[:, :-1]), (1, 0), value=0.0)
 
 
 def sequence_logprobs(token_lp: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -151,9 +155,7 @@ class _ChunkedHead(torch.nn.Module):
         if self._forwarding:
             with torch.no_grad():
                 scaled = logits.detach() if self.temperature == 1.0 else logits.detach() / self.temperature
-                logp = torch.log_softmax(scaled.float(), dim=-1)
-                ent = -(logp.exp() * logp).sum(-1)
-                self.entropy_sum = self.entropy_sum + (ent * self.rm[:, t0 + 1:t1 + 1]).sum()
+                self.entropy_sum = self.entropy_sum + (entropy_of_logits(scaled) * self.rm[:, t0 + 1:t1 + 1]).sum()
         return lp.gather(-1, self.ids[:, t0 + 1:t1 + 1, None]).squeeze(-1)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -197,8 +199,8 @@ def check_chunkable(model_type: str | None, where: str = "model.logit_chunk_toke
 
 
 @contextmanager
-def _swapped_head(model, head_stand_in):
-    parent, attr, head = _head_slot(model)
+def _swapped_head(slot, head_stand_in):
+    parent, attr, head = slot
     setattr(parent, attr, head_stand_in)
     try:
         yield
@@ -216,9 +218,9 @@ def chunked_response_logprobs(model, input_ids: torch.Tensor, attention_mask: to
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     check_chunkable(getattr(getattr(model, "config", None), "model_type", None))
-    _, _, head = _head_slot(model)
-    stand_in = _ChunkedHead(head, input_ids, response_mask.to(torch.float32), chunk, temperature, top_p)
-    with _swapped_head(model, stand_in):
+    slot = _head_slot(model)
+    stand_in = _ChunkedHead(slot[2], input_ids, response_mask.to(torch.float32), chunk, temperature, top_p)
+    with _swapped_head(slot, stand_in):
         out = model(input_ids=input_ids, attention_mask=attention_mask,
                     position_ids=position_ids_from_mask(attention_mask), use_cache=False)
     if out.logits is not stand_in.out:

@@ -48,9 +48,9 @@ EDGE_BYTES = 4 << 20        # ... larger ones by size, first and last EDGE_BYTES
 
 def model_fingerprint(path) -> str | None:
     """sha256 over a local model folder's ``config.json`` and weight files (:data:`WEIGHT_SUFFIXES`, subfolders
-    included): each file's relative path and size, then its bytes (whole up to :data:`FULL_HASH_BYTES`, else its first and last
-    :data:`EDGE_BYTES`). None when ``path`` is not a local folder (a hub id)."""
-    folder = Path(path) if not isinstance(path, Path) else path
+    included): each file's relative path and size, then its bytes (whole up to :data:`FULL_HASH_BYTES`, else
+    its first and last :data:`EDGE_BYTES`). None when ``path`` is not a local folder (a hub id)."""
+    folder = Path(path)
     if not folder.is_dir():
         return None
     files = sorted(f for f in folder.rglob("*")

@@ -23,7 +23,8 @@ cleared first), and a *conflict* (never touched) when it holds a run of another 
 A folder made (or resumed) by other oblr code (another source hash, :mod:`oblr.provenance`; folders from before
 runs recorded their code count as other code), or started from other weights of the same model name (another
 start-model fingerprint: a built-in model rebuilt, e.g. on another machine; folders without the record and hub
-models are not compared), is not reused or resumed silently: ``on_other_code`` says what happens -- ``refuse`` (default: a conflict naming both codes), ``rerun`` (the folder is moved aside to
+models are not compared), is not reused or resumed silently: ``on_other_code`` says what happens --
+``refuse`` (default: a conflict naming both codes), ``rerun`` (the folder is moved aside to
 ``seed<k>.other-code[-N]`` and the run starts afresh; nothing is deleted) or ``reuse`` (keep it as it is).
 """
 
