@@ -388,9 +388,9 @@ def _checkpointing_on(ctx: Ctx) -> None:
 
 
 def _checkpointing_off(ctx: Ctx) -> None:
-    ctx.model.activation_checkpointing_disable()
-    if hasattr(ctx.model, "_require_grads_hook"):  # enable added it (embedding outputs require grad); disable
-        ctx.model.disable_input_require_grads()   # leaves it on a non-peft model, and torch.func refuses it
+    from oblr.models import disable_activation_checkpointing
+
+    disable_activation_checkpointing(ctx.model)
 
 
 def methods() -> list[Method]:

@@ -321,10 +321,18 @@ def enable_activation_checkpointing(model) -> None:
 
         raise ConfigError(f"config key 'model.activation_checkpointing': {type(model).__qualname__} does not support "
                           "activation checkpointing (its supports_gradient_checkpointing is not True)")
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+    if hasattr(model, "activation_checkpointing_enable"):  # newer transformers (5.24 has it, 5.17 not)
         model.activation_checkpointing_enable({"use_reentrant": False})
-    else:  # pragma: no cover - older transformers
+    else:  # older transformers: the same switch under its former name
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def disable_activation_checkpointing(model) -> None:
+    """Undo :func:`enable_activation_checkpointing`: checkpointing off, and the hook that made the embedding
+    outputs require grad removed (disabling leaves it on a model without PEFT, and ``torch.func`` refuses it)."""
+    (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+    if hasattr(model, "_require_grads_hook"):
+        model.disable_input_require_grads()
 
 
 def wrap_lora(model, *, rank: int, alpha: float, targets: list[str]):
