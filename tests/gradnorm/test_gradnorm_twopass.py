@@ -66,6 +66,63 @@ def test_two_pass_matches_the_loop_with_checkpointing_on(arch, method):
     assert _grad_err(g, g_ref) < RTOL
 
 
+@pytest.mark.parametrize("method", ["auto", "materialize"])
+def test_two_pass_with_sliced_row_grams_matches_the_loop(monkeypatch, method):
+    """The Gram of materialised per-row gradients in slices (``gram.rows_gram``, CUDA's default) on CPU, with
+    slices short enough that every layer is cut, a remainder included."""
+    from oblr.gradnorm import gram
+
+    calls = []
+    real = gram.rows_gram
+    monkeypatch.setattr(gram, "GRAM_SLICE", 7)
+    monkeypatch.setattr(gram, "SPLIT_DEVICES", ("cpu",))
+    monkeypatch.setattr(gram, "rows_gram", lambda z, split=None: calls.append(z.shape) or real(z, split))
+    model = _ckpt(tiny_qwen3(seed=3))
+    ids, am, rm = _batch(model.config.vocab_size)
+    coeffs = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(1))
+    gid = torch.tensor([2, 0, 2, 1, 0, 2, 5])
+    w, gk, g = _two_pass(model, ids, am, rm, coeffs, gid, method)
+    assert calls and any(n % 7 and n >= 14 for _, _, n in calls)  # sliced, with a remainder
+    assert rel_err(w, loop_sequence_sq_norms(model, ids, am, rm)) < RTOL
+    assert rel_err(gk, loop_group_sq_norms(model, ids, am, rm, coeffs, gid)) < RTOL
+    assert _grad_err(g, loop_weighted_grad(model, ids, am, rm, coeffs)) < RTOL
+
+
+def test_rows_gram_slices_equal_one_product():
+    from oblr.gradnorm.gram import GRAM_SLICE, rows_gram
+
+    gen = torch.Generator().manual_seed(0)
+    for n in (GRAM_SLICE - 1, 2 * GRAM_SLICE, 3 * GRAM_SLICE + 17):
+        z = torch.randn(3, 4, n, generator=gen, dtype=torch.float64)
+        ref = torch.bmm(z, z.transpose(1, 2))
+        assert torch.allclose(rows_gram(z, split=True), ref, rtol=1e-12, atol=1e-9)
+        assert torch.equal(rows_gram(z, split=False), ref)
+
+
+def test_tf32_only_for_a_half_precision_models_factors_on_cuda():
+    from oblr.gradnorm import contrib
+    from oblr.gradnorm.contrib import Dense, Outer, half_factors, tf32_eligible, tf32_products
+
+    assert tf32_eligible("cuda", [torch.bfloat16, torch.float16])
+    assert not tf32_eligible("cuda", [torch.bfloat16, torch.float32])  # a float32 model: full precision
+    assert not tf32_eligible("cpu", [torch.bfloat16])
+    assert not tf32_eligible("cuda", [])
+    x = torch.zeros(2, 3, 4, dtype=torch.bfloat16)
+    assert not half_factors([Outer(x, x, (4, 4)), Dense(torch.zeros(2, 4))])  # on CPU
+    assert not half_factors([Dense(torch.zeros(2, 4))])
+    before = torch.get_float32_matmul_precision()
+    with tf32_products(True):
+        assert torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == before
+    with tf32_products(False):
+        assert torch.get_float32_matmul_precision() == before
+    contrib.TF32_HALF_PRODUCTS = False
+    try:
+        assert not tf32_eligible("cuda", [torch.bfloat16])
+    finally:
+        contrib.TF32_HALF_PRODUCTS = True
+
+
 def test_two_pass_with_peft_lora_and_checkpointing():
     peft = pytest.importorskip("peft")
     model = peft.get_peft_model(

@@ -17,11 +17,14 @@ gradient ``s_i`` restricted to that parameter. Two kinds cover every rule:
 A :class:`Grouping` says which "samples" to assemble: every row alone (per-sequence norms ``w_i``),
 groups of rows with coefficients (``||sum_{i in k} c_i s_i||^2``), or everything with coefficients
 (the weighted gradient). Grouping rows concatenates their tokens, so one code path serves all three.
-All arithmetic is float32 whatever the model dtype.
+All arithmetic is float32 whatever the model dtype. On CUDA, the products of a bf16 or fp16 model's own
+factors (unscaled: per-row gradients and ghost Grams) run as TF32 (:func:`tf32_products`), whose 11-bit
+significand holds those values exactly; products of scaled or accumulated values stay float32.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +46,45 @@ CHUNK_ELEMS = 1 << 26
 #: an Outer's rows are trimmed to their non-zero token windows (:func:`token_windows`) when that drops at
 #: least this fraction of its tokens
 TRIM_MIN_FRACTION = 0.1
+
+#: half-precision factor dtypes: their values are exact in TF32 (8- and 11-bit significands, TF32 keeps 11)
+HALF = (torch.bfloat16, torch.float16)
+#: run the float32 products of half-precision factors on CUDA as TF32 (:func:`tf32_products`); False: full
+#: float32 (``benchmarks/gpu/memory_check.py --fp32-compare`` measures the difference)
+TF32_HALF_PRODUCTS = True
+
+
+def tf32_eligible(device_type: str, dtypes) -> bool:
+    """True when products of unscaled factors of ``dtypes`` on ``device_type`` may run as TF32: on CUDA, with
+    every factor in half precision (bf16 or fp16, whose values TF32 holds exactly; the products accumulate
+    in float32, as a float32 product does, so only the order of the sums differs)."""
+    dtypes = list(dtypes)
+    return TF32_HALF_PRODUCTS and device_type == "cuda" and bool(dtypes) and all(d in HALF for d in dtypes)
+
+
+def half_factors(contribs) -> bool:
+    """:func:`tf32_eligible` for stored contributions: some :class:`Outer` among them, every Outer's float
+    factors in half precision and on CUDA (Dense sums are float32 and are not looked at)."""
+    outers = [c for c in contribs if isinstance(c, Outer)]
+    if not outers:
+        return False
+    dtypes = [t.dtype for c in outers for t in ((c.right,) if c.is_index else (c.left, c.right))]
+    return all(tf32_eligible(c.right.device.type, dtypes) for c in outers)
+
+
+@contextmanager
+def tf32_products(on: bool):
+    """Float32 matrix products as TF32 (``torch.set_float32_matmul_precision("high")``) inside, when ``on``;
+    the caller's setting is restored on exit. Off: nothing changes."""
+    if not on:
+        yield
+        return
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prev)
 
 
 @dataclass(frozen=True)

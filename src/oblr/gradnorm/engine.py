@@ -41,9 +41,11 @@ from .contrib import (
     Grouping,
     Outer,
     grouped_sums,
+    half_factors,
     keep_dense,
     materialized_sum,
     sq_norm,
+    tf32_products,
     token_windows,
 )
 from .layers import Rule, rule_for
@@ -288,7 +290,8 @@ class BookKeeper:
                 continue
             h = r.hooked
             for lname, c in h.rule.fn(h.module, r.x, g.detach(), h.names).items():
-                self._add(h.params[lname], c)
+                with tf32_products(half_factors([c])):
+                    self._add(h.params[lname], c)
             del r, g
         self._fold()
         self._batch = B
@@ -328,7 +331,8 @@ class BookKeeper:
                     if isinstance(c, Dense):
                         d.z.add_(c.z)
                     else:
-                        c.add_to(d.z)
+                        with tf32_products(half_factors([c])):
+                            c.add_to(d.z)
             e.contribs = [d]
 
     # ------------------------------------------------------------------ assembly

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .contrib import Dense, Grouping
+from .contrib import Dense, Grouping, half_factors, tf32_products
 from .engine import BookKeeper, _Hooked
 from .gram import group_gram
 
@@ -197,7 +197,8 @@ class TwoPassBookKeeper(BookKeeper):
                 if isinstance(c, Dense):
                     acc += c.z
                 else:
-                    c.add_to(acc)
+                    with tf32_products(half_factors([c])):
+                        c.add_to(acc)
             elif id(e) in self._kept_entries:
                 e.contribs.append(c)
             else:
