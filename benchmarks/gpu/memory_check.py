@@ -22,6 +22,13 @@
    predicted: :func:`oblr.memory_model.step_peak_bytes` (bf16 activations and gradients). On CPU the peak
    is torch's CPU allocator's, as ``benchmarks/memory.py`` measures it.
 
+Options for a lent GPU's short time: ``--models`` (shapes of ``oblr.memory_model.QWEN3``) and ``--plans`` pick
+the cases, ``--response-len`` the length; ``--time-repeats N`` adds each plan's median step time over N
+interleaved calls and the ratio to its GRPO twin; ``--fp32-compare`` runs each OBLR-PO plan also with the norm
+engine's products in full float32 instead of TF32 (time and differences); ``--profile`` adds the top operators
+of one call. The results file is rewritten after each case, so a run cut by a time limit keeps what it did.
+Run on one H200 (``bash benchmarks/gpu/scale_checks.sh``): ``benchmarks/results/gpu/h200_scale/summary.md``.
+
 The tiny CPU mode runs the same code on small shapes so that the script cannot rot; its memory rows are
 not a test of the model at scale. Needs torch, transformers and this checkout's ``src/`` on ``PYTHONPATH``;
 no network, no weights. Everything is written as JSON to ``--out`` and summarised on stdout.
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import time
 from functools import partial
@@ -75,14 +83,9 @@ def _batch(case: Case, device: torch.device):
 
 
 def _checkpointing(model, on: bool) -> None:
-    from oblr.models import enable_activation_checkpointing
+    from oblr.models import disable_activation_checkpointing, enable_activation_checkpointing
 
-    if on:
-        enable_activation_checkpointing(model)
-    else:
-        model.activation_checkpointing_disable()
-        if hasattr(model, "_require_grads_hook"):  # enabling added it (embedding outputs require grad)
-            model.disable_input_require_grads()
+    (enable_activation_checkpointing if on else disable_activation_checkpointing)(model)
 
 
 def _update(model, batch, rewards, case: Case, **kw):
@@ -150,37 +153,130 @@ def _peak_cuda(fn, device: torch.device) -> float:
     torch.cuda.reset_peak_memory_stats(device)
     fn()
     torch.cuda.synchronize(device)
+    _RESERVED["last"] = float(torch.cuda.max_memory_reserved(device))
     return float(torch.cuda.max_memory_allocated(device) - before)
 
 
+_RESERVED: dict = {}  # the CUDA allocator's peak reserved bytes (all of the process's) of the last _peak_cuda
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _fp32_products(step, params, device: torch.device, repeats: int) -> dict:
+    """One OBLR-PO step with the engine's TF32 products (the default for a half-precision model on CUDA) and
+    the same step with full float32 products (``contrib.TF32_HALF_PRODUCTS = False``): their relative
+    differences (w_i, per-prompt norms, the gradient) and, with ``repeats``, the median times."""
+    from oblr.gradnorm import contrib
+
+    out, runs = {}, {}
+    for name, flag in (("tf32", True), ("fp32", False)):
+        contrib.TF32_HALF_PRODUCTS = flag
+        try:
+            ts = []
+            for _ in range(max(1, repeats)):
+                for p in params:
+                    p.grad = None
+                _sync(device)
+                t0 = time.perf_counter()
+                res = step()
+                _sync(device)
+                ts.append(time.perf_counter() - t0)
+            runs[name] = dict(w=res.estimate.weights.detach().float(), gk=res.per_prompt_sq_norms.float(),
+                              grad=[p.grad.clone() for p in params])  # model dtype: no float64 copy of 4B
+            out[f"{name}_seconds"] = statistics.median(ts)
+        finally:
+            contrib.TF32_HALF_PRODUCTS = True
+    for p in params:
+        p.grad = None
+    out.update({f"{k}_rel_diff": _rel(runs["tf32"][k], runs["fp32"][k]) for k in ("w", "gk")})
+    diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(runs["tf32"]["grad"], runs["fp32"]["grad"]))
+    out["grad_rel_diff"] = diff / max(max(float(b.float().abs().max()) for b in runs["fp32"]["grad"]), 1e-300)
+    out["fp32_over_tf32_time"] = out["fp32_seconds"] / out["tf32_seconds"]
+    return out
+
+
+def _profile(step, device: torch.device, top: int = 12) -> str:
+    """One call of ``step`` under torch.profiler: the ``top`` operators by device time (CPU time on CPU)."""
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        step()
+        _sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60)
+
+
 def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.device,
-                 logit_chunk: int = LOGIT_CHUNK) -> list[dict]:
-    """Measured step peak above the resident model and batch vs ``memory_model.step_peak_bytes`` (bf16)."""
+                 logit_chunk: int = LOGIT_CHUNK, time_repeats: int = 0, fp32_compare: bool = False,
+                 profile: bool = False) -> list[dict]:
+    """Measured step peak above the resident model and batch vs ``memory_model.step_peak_bytes`` (bf16);
+    with ``time_repeats``, each plan's step time as well: the median of that many calls, the plans
+    interleaved (plan a, plan b, ..., then again), the device synchronised around each call, after the
+    peak-measuring call that served as the warm-up. ``fp32_compare``: each OBLR-PO plan also with the
+    norm engine's products in full float32 (:func:`_fp32_products`); ``profile``: the top operators of one
+    call of each OBLR-PO plan."""
     model = build_model(case, dtype=torch.bfloat16, device=str(device))
     n = sum(p.numel() for p in model.parameters())
     if n != mm.n_params(shape):
         raise RuntimeError(f"{label}: memory model counts {mm.n_params(shape)} parameters, the model has {n}")
     batch, rewards = _batch(case, device)
     B, T = case.n_prompts * case.group_size, case.prompt_len + case.response_len
-    rows = []
+    rows, steps = [], {}
     for plan in plans:
         chunk = logit_chunk if plan.endswith("_chunk") else 0
         model_plan = plan.removesuffix("_chunk")
-        _checkpointing(model, model_plan.endswith("_ckpt"))
         base = "grpo" if plan.startswith("grpo") else "oblr"
-
-        step = partial(_update, model, batch, rewards, case, baseline=base, need_snr=base == "oblr",
-                       logit_chunk_tokens=chunk)
-
+        steps[plan] = (model_plan.endswith("_ckpt"),
+                       partial(_update, model, batch, rewards, case, baseline=base, need_snr=base == "oblr",
+                               logit_chunk_tokens=chunk))
+        _checkpointing(model, steps[plan][0])
         for p in model.parameters():
             p.grad = None
         t0 = time.perf_counter()
-        measured = _peak_cuda(step, device) if device.type == "cuda" else _peak_cpu(step)
+        measured = _peak_cuda(steps[plan][1], device) if device.type == "cuda" else _peak_cpu(steps[plan][1])
         seconds = time.perf_counter() - t0
         predicted = mm.step_peak_bytes(shape, model_plan, B, T, act_bytes=2, grad_bytes=2, logit_chunk=chunk)
         rows.append(dict(model=label, plan=plan, batch=B, tokens=T, measured_bytes=measured,
                          predicted_bytes=predicted, ratio=measured / predicted, seconds=seconds))
+        if device.type == "cuda":
+            rows[-1]["process_reserved_peak_bytes"] = _RESERVED["last"]
+        print(f"  {label} {plan}: measured {measured / 2**30:.3f} GiB, predicted {predicted / 2**30:.3f} GiB "
+              f"({measured / predicted:.3f})", file=sys.stderr, flush=True)
         for p in model.parameters():
+            p.grad = None
+    times = {plan: [] for plan in plans}
+    for _ in range(time_repeats):
+        for plan in plans:
+            ckpt, step = steps[plan]
+            _checkpointing(model, ckpt)
+            _sync(device)
+            t0 = time.perf_counter()
+            step()
+            _sync(device)
+            times[plan].append(time.perf_counter() - t0)
+            for p in model.parameters():
+                p.grad = None
+    for row in rows if time_repeats else ():
+        row["step_seconds"] = statistics.median(times[row["plan"]])
+        row["step_seconds_all"] = times[row["plan"]]
+        twin = "grpo" + row["plan"].removeprefix("oblr")  # oblr_ckpt_chunk -> grpo_ckpt_chunk
+        if row["plan"].startswith("oblr") and twin in times:
+            row["time_vs_grpo"] = row["step_seconds"] / statistics.median(times[twin])
+    params = [p for p in model.parameters() if p.requires_grad]
+    for row in rows:
+        if not row["plan"].startswith("oblr") or not (fp32_compare or profile):
+            continue
+        ckpt, step = steps[row["plan"]]
+        _checkpointing(model, ckpt)
+        if fp32_compare:
+            row["norm_products"] = _fp32_products(step, params, device, time_repeats)
+            print(f"  {label} {row['plan']}: {row['norm_products']}", file=sys.stderr, flush=True)
+        if profile:
+            row["profile"] = _profile(step, device)
+            print(f"  {label} {row['plan']} profile:\n{row['profile']}", file=sys.stderr, flush=True)
+        for p in params:
             p.grad = None
     del model
     gc.collect()
@@ -198,6 +294,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--response-len", type=int, default=None, help="response tokens of the memory cases "
                                                                       "(default 992, i.e. T = 1024; tiny 30)")
     ap.add_argument("--skip", default="", help="comma-separated: exactness, memory")
+    ap.add_argument("--models", default=None, help="comma-separated Qwen3 shapes of oblr.memory_model.QWEN3 for the "
+                                                   "memory check (default: Qwen3-0.6B,Qwen3-4B; not with --tiny)")
+    ap.add_argument("--plans", default=None, help="comma-separated plans to keep (default: each model's plans: "
+                                                  f"{', '.join(mm.PLANS + CHUNK_PLANS)})")
+    ap.add_argument("--time-repeats", type=int, default=0, help="also time each plan: median of this many "
+                                                                "interleaved calls (default 0: peaks only)")
+    ap.add_argument("--fp32-compare", action="store_true", help="each OBLR-PO plan also with the norm engine's "
+                    "products in full float32 instead of TF32: differences and times")
+    ap.add_argument("--profile", action="store_true", help="the top operators of one call of each OBLR-PO plan")
     args = ap.parse_args(argv)
     if args.dry_run:
         args.device, args.tiny = "cpu", True
@@ -206,13 +311,31 @@ def main(argv=None) -> dict:
     skip = {s for s in args.skip.split(",") if s}
     if skip - {"exactness", "memory"}:
         ap.error(f"--skip takes exactness and/or memory, got {sorted(skip)}")
+    if args.response_len is not None and args.response_len < 1:
+        ap.error("--response-len must be >= 1")
+    if args.time_repeats < 0:
+        ap.error("--time-repeats must be >= 0")
+    cases = MEMORY_TINY if args.tiny else MEMORY_CASES
+    if args.models is not None:
+        if args.tiny:
+            ap.error("--models names full-size shapes; it does not go with --tiny or --dry-run")
+        names = [m for m in args.models.split(",") if m]
+        unknown = [m for m in names if m not in mm.QWEN3]
+        if unknown or not names:
+            ap.error(f"--models: unknown {unknown or names}; known: {', '.join(mm.QWEN3)}")
+        cases = [(m, mm.QWEN3[m], mm.PLANS + CHUNK_PLANS) for m in names]
+    if args.plans is not None:
+        keep = [p for p in args.plans.split(",") if p]
+        unknown = [p for p in keep if p not in mm.PLANS + CHUNK_PLANS]
+        if unknown or not keep:
+            ap.error(f"--plans: unknown {unknown or keep}; known: {', '.join(mm.PLANS + CHUNK_PLANS)}")
+        cases = [(label, shape, tuple(p for p in plans if p in keep)) for label, shape, plans in cases]
+        cases = [c for c in cases if c[2]]
     dev_name = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if dev_name == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: CUDA is not available here (use --dry-run for the CPU path)")
     if dev_name == "cpu" and not args.tiny:
         ap.error("the full-size check needs a CUDA GPU; on CPU run --tiny (or --dry-run)")
-    if args.response_len is not None and args.response_len < 1:
-        ap.error("--response-len must be >= 1")
     device = torch.device(dev_name)
     if dev_name == "cuda":  # the exactness check is float32: no TF32 products
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -225,13 +348,19 @@ def main(argv=None) -> dict:
         case = EXACT_TINY if args.tiny else EXACT_CASE
         log(f"exactness: {case.name}")
         report["exactness"] = dict(case=case.name, **check_exactness(case, device, chunk=4 if args.tiny else 16))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2, default=float) + "\n")
     if "memory" not in skip:
         resp = args.response_len or (30 if args.tiny else 992)
         report["memory"] = []
-        for label, shape, plans in (MEMORY_TINY if args.tiny else MEMORY_CASES):
+        for label, shape, plans in cases:
             case = case_of(shape, 2 if args.tiny else 32, resp, 2, 2)
             log(f"memory: {label}, T = {case.prompt_len}+{resp}, plans {', '.join(plans)}")
-            report["memory"] += check_memory(label, shape, plans, case, device, TINY_CHUNK if args.tiny else LOGIT_CHUNK)
+            report["memory"] += check_memory(label, shape, plans, case, device, TINY_CHUNK if args.tiny else LOGIT_CHUNK,
+                                             time_repeats=args.time_repeats, fp32_compare=args.fp32_compare,
+                                             profile=args.profile)
+            args.out.parent.mkdir(parents=True, exist_ok=True)  # what is done so far survives a later crash
+            args.out.write_text(json.dumps(report, indent=2, default=float) + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=float) + "\n")
     for k, v in report.get("exactness", {}).items():
@@ -239,7 +368,11 @@ def main(argv=None) -> dict:
             print(f"exactness {k}: max rel error {v['max_error']:.2e} ({'ok' if v['passed'] else 'FAILED'} at {RTOL:g})")
     for r in report.get("memory", []):
         print(f"memory {r['model']} {r['plan']}: B={r['batch']} T={r['tokens']} measured {r['measured_bytes'] / 2**30:.3f} "
-              f"GiB, predicted {r['predicted_bytes'] / 2**30:.3f} GiB, measured/predicted {r['ratio']:.3f}")
+              f"GiB, predicted {r['predicted_bytes'] / 2**30:.3f} GiB, measured/predicted {r['ratio']:.3f}"
+              + (f", step {r['step_seconds']:.3f} s" if "step_seconds" in r else "")
+              + (f" ({r['time_vs_grpo']:.2f}x its GRPO twin)" if "time_vs_grpo" in r else "")
+              + (f"; norm products in float32: {r['norm_products']['fp32_over_tf32_time']:.2f}x the time, w_i "
+                 f"differs by {r['norm_products']['w_rel_diff']:.1e}" if "norm_products" in r else ""))
     return report
 
 

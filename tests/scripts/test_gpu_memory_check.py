@@ -1,6 +1,6 @@
 """benchmarks/gpu/memory_check.py cannot rot: its CPU path (--dry-run = --device cpu --tiny) runs the exactness
 check of the checkpointed two-pass update against the loop and the measured-vs-predicted peaks on tiny shapes;
-and it refuses settings it cannot run in one line."""
+and it refuses settings it cannot run in one line. The committed GPU summary is summarize_scale.py's output."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH / "gpu"))
 
@@ -75,7 +76,10 @@ def test_refusals(tmp_path, capsys):
     out = str(tmp_path / "x.json")
     for argv, msg in ((["--device", "cpu"], "needs a CUDA GPU"), (["--device", "tpu"], "--device must be"),
                       (["--dry-run", "--skip", "nothing"], "--skip takes"),
-                      (["--dry-run", "--response-len", "0"], "--response-len must be")):
+                      (["--dry-run", "--response-len", "0"], "--response-len must be"),
+                      (["--dry-run", "--models", "Qwen3-4B"], "does not go with --tiny"),
+                      (["--dry-run", "--plans", "grpo,fast"], "--plans: unknown ['fast']"),
+                      (["--dry-run", "--time-repeats", "-1"], "--time-repeats must be")):
         with pytest.raises(SystemExit):
             memory_check.main(argv + ["--out", out])
         assert msg in capsys.readouterr().err
@@ -83,3 +87,49 @@ def test_refusals(tmp_path, capsys):
         with pytest.raises(SystemExit):
             memory_check.main(["--device", "cuda", "--out", out])
         assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_timing_comparison_and_profile_rows(one_thread, tmp_path):
+    """--plans keeps a subset; --time-repeats adds medians and the ratio to the GRPO twin; --fp32-compare and
+    --profile add their entries to each OBLR-PO row (on CPU the two product settings are the same arithmetic)."""
+    import memory_check
+
+    rep = memory_check.main(["--dry-run", "--skip", "exactness", "--plans", "grpo_ckpt,oblr_ckpt", "--time-repeats",
+                             "2", "--fp32-compare", "--profile", "--out", str(tmp_path / "x.json")])
+    rows = rep["memory"]
+    assert [r["plan"] for r in rows] == ["grpo_ckpt", "oblr_ckpt"] * 2
+    for r in rows:
+        assert len(r["step_seconds_all"]) == 2 and r["step_seconds"] > 0
+    for r in rows[1::2]:
+        assert r["time_vs_grpo"] > 0 and "aten::" in r["profile"]
+        n = r["norm_products"]
+        assert n["w_rel_diff"] == 0 and n["gk_rel_diff"] == 0 and n["grad_rel_diff"] == 0
+    from oblr.gradnorm import contrib
+
+    assert contrib.TF32_HALF_PRODUCTS  # restored
+
+
+def test_models_option_names_full_shapes(tmp_path, capsys):
+    import memory_check
+
+    with pytest.raises(SystemExit):
+        memory_check.main(["--device", "cpu", "--models", "Qwen3-9B", "--out", str(tmp_path / "x.json")])
+    assert "--models: unknown ['Qwen3-9B']" in capsys.readouterr().err  # before the device is looked at
+
+
+def test_committed_gpu_summary_is_the_scripts_output(tmp_path):
+    """benchmarks/results/gpu/h200_scale/summary.md is what summarize_scale.py makes of the run folders beside it;
+    and the summary's counts come from the rows (a changed ratio changes the count)."""
+    import shutil
+
+    import summarize_scale
+
+    root = ROOT / "benchmarks/results/gpu/h200_scale"
+    assert (root / "summary.md").read_text() == summarize_scale.summarize(root) + "\n"
+    assert (root / "time_ratios.png").stat().st_size > 0
+    copy = tmp_path / "h200_scale"
+    shutil.copytree(root, copy)
+    log = copy / "1_before" / "log.txt"
+    log.write_text(log.read_text().replace("predicted 52.651 GiB (0.889)", "predicted 52.651 GiB (0.500)"))
+    text = summarize_scale.summarize(copy)
+    assert "15 of 20 measured peaks are within 15%" in text and "| 0.500 |" in text
