@@ -36,22 +36,32 @@ from .contrib import (
 Tensor = torch.Tensor
 
 
-def _gather_outer(c: Outer, index: Tensor) -> Outer:
+def _rows(t: Tensor, index: Tensor, contiguous: bool, k0: int = 0, k1: int | None = None) -> Tensor:
+    """Rows ``index[k0:k1]`` of ``t`` as ``[k, M, ...]``: a view when the groups are contiguous, else a gather."""
+    K, M = index.shape
+    k1 = K if k1 is None else k1
+    if contiguous:
+        return t[k0 * M:k1 * M].unflatten(0, (k1 - k0, M))
+    return t[index[k0:k1]]
+
+
+def _gather_outer(c: Outer, index: Tensor, contiguous: bool = False) -> Outer:
     """The Outer with each group's rows' tokens concatenated, unscaled: K samples of ``M T`` tokens."""
     K, M = index.shape
-    left = c.left if c.is_index else c.left.float()
-    left = left[index].reshape(K, M * c.T) if c.is_index else left[index].reshape(K, M * c.T, c.R)
-    return Outer(left, c.right.float()[index].reshape(K, M * c.T, c.C), c.shape)
+    left = _rows(c.left, index, contiguous)
+    left = left.reshape(K, M * c.T) if c.is_index else left.float().reshape(K, M * c.T, c.R)
+    return Outer(left, _rows(c.right, index, contiguous).float().reshape(K, M * c.T, c.C), c.shape)
 
 
-def _rows_materialized(c, index: Tensor, k0: int, k1: int) -> Tensor:
+def _rows_materialized(c, index: Tensor, k0: int, k1: int, contiguous: bool = False) -> Tensor:
     """[k1-k0, M, numel] float32 per-row gradients of groups k0..k1-1."""
-    idx = index[k0:k1]
-    k, M = idx.shape
+    k, M = k1 - k0, index.shape[1]
     if isinstance(c, Dense):
-        return c.z[idx].reshape(k, M, -1)
-    left = c.left[idx].reshape(k * M, c.T) if c.is_index else c.left[idx].float().reshape(k * M, c.T, c.R)
-    return Outer(left, c.right[idx].float().reshape(k * M, c.T, c.C), c.shape).materialize().reshape(k, M, -1)
+        return _rows(c.z, index, contiguous, k0, k1).reshape(k, M, -1)
+    left = _rows(c.left, index, contiguous, k0, k1)
+    left = left.reshape(k * M, c.T) if c.is_index else left.float().reshape(k * M, c.T, c.R)
+    right = _rows(c.right, index, contiguous, k0, k1).float().reshape(k * M, c.T, c.C)
+    return Outer(left, right, c.shape).materialize().reshape(k, M, -1)
 
 
 def _use_ghost(contribs: list, M: int, method: str) -> bool:
@@ -100,18 +110,40 @@ def rows_gram(z: Tensor, split: bool | None = None) -> Tensor:
     return torch.stack(out)
 
 
-def group_gram(contribs: list, grp: Grouping, method: str = "auto") -> Tensor:
+def group_gram(contribs: list, grp: Grouping, method: str = "auto", mask: bool = True) -> Tensor:
     """``[K, M, M]`` Gram of the per-row sums of ``contribs`` (all of one parameter) within each group.
 
     Products of a half-precision model's factors (the ghost Grams, the per-row gradients) run as TF32 on
     CUDA (:func:`oblr.gradnorm.contrib.tf32_products`: exact for those values); the Gram of accumulated
-    per-row gradients (:func:`rows_gram`) does not."""
+    per-row gradients (:func:`rows_gram`) does not. ``mask=False`` leaves the entries of padding slots
+    (scale 0) unzeroed, for a caller that sums many Grams and masks the sum once (:func:`mask_padding`)."""
+    out = _group_gram(contribs, grp, method)
+    return mask_padding(out, grp) if mask else out
+
+
+def mask_padding(gram: Tensor, grp: Grouping) -> Tensor:
+    """``gram`` [K, M, M] with the rows and columns of ``grp``'s padding slots (scale 0) zeroed."""
+    valid = (grp.scale != 0).float()
+    return gram * (valid[:, :, None] * valid[:, None, :])
+
+
+def _group_gram(contribs: list, grp: Grouping, method: str) -> Tensor:
     index = grp.index
     K, M = index.shape
     tf32 = half_factors(contribs)
+    chunks = list(_chunks(K, M * _numel(contribs[0].shape)))
+    if not _use_ghost(contribs, M, method):
+        if len(contribs) == 1 and isinstance(contribs[0], Dense) and grp.contiguous:  # a view, no copy
+            return rows_gram(contribs[0].z.reshape(K, M, -1))
+        if len(chunks) == 1:  # one chunk of groups: no buffer to fill
+            with tf32_products(tf32):
+                z = _rows_materialized(contribs[0], index, 0, K, grp.contiguous)
+                for c in contribs[1:]:
+                    z = z + _rows_materialized(c, index, 0, K, grp.contiguous)
+            return rows_gram(z)
     out = torch.zeros(K, M, M, dtype=torch.float32, device=index.device)
     if _use_ghost(contribs, M, method):
-        gathered = [_gather_outer(c, index) for c in contribs]
+        gathered = [_gather_outer(c, index, grp.contiguous) for c in contribs]
         for i, a in enumerate(gathered):
             for j in range(i, len(gathered)):
                 b = gathered[j]
@@ -121,14 +153,11 @@ def group_gram(contribs: list, grp: Grouping, method: str = "auto") -> Tensor:
                         prod = _left_gram(ac, bc) * torch.bmm(ac.right, bc.right.transpose(1, 2))
                     x = prod.reshape(k1 - k0, M, a.T // M, M, b.T // M).sum((2, 4))
                     out[k0:k1] += x if i == j else x + x.transpose(1, 2)
-    elif len(contribs) == 1 and isinstance(contribs[0], Dense) and grp.contiguous:  # a view, no copy
-        out = rows_gram(contribs[0].z.reshape(K, M, -1))
     else:
-        for k0, k1 in _chunks(K, M * _numel(contribs[0].shape)):
+        for k0, k1 in chunks:
             with tf32_products(tf32):
-                z = _rows_materialized(contribs[0], index, k0, k1)
+                z = _rows_materialized(contribs[0], index, k0, k1, grp.contiguous)
                 for c in contribs[1:]:
-                    z = z + _rows_materialized(c, index, k0, k1)
+                    z = z + _rows_materialized(c, index, k0, k1, grp.contiguous)
             out[k0:k1] = rows_gram(z)
-    valid = (grp.scale != 0).float()
-    return out * valid[:, :, None] * valid[:, None, :]
+    return out

@@ -37,7 +37,7 @@ from torch import nn
 
 from .contrib import Dense, Grouping, half_factors, tf32_products
 from .engine import BookKeeper, _Hooked
-from .gram import group_gram
+from .gram import group_gram, mask_padding
 
 
 class _Tap(torch.autograd.Function):
@@ -173,8 +173,9 @@ class TwoPassBookKeeper(BookKeeper):
             torch.autograd.grad(seq_obj.sum(), [self._dummy], retain_graph=True, allow_unused=True)
             for e in self._entries:  # parameters with several owners or calls: their cross terms, now
                 if e.contribs:
-                    self._gram += group_gram(e.contribs, grp, self.method)
+                    self._gram += group_gram(e.contribs, grp, self.method, mask=False)
                     e.contribs = []
+            self._gram = mask_padding(self._gram, grp)  # once for the sum, not per layer
         finally:
             self._grp = None
         self._grp_done = grp
@@ -202,7 +203,7 @@ class TwoPassBookKeeper(BookKeeper):
             elif id(e) in self._kept_entries:
                 e.contribs.append(c)
             else:
-                self._gram += group_gram([c], self._grp, self.method)
+                self._gram += group_gram([c], self._grp, self.method, mask=False)
 
     # ------------------------------------------------------------------ queries
     def sq_norms(self) -> torch.Tensor:

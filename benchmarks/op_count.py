@@ -1,0 +1,74 @@
+"""Operators one update step dispatches, per plan: the launch overhead a GPU pays per operator, counted on CPU.
+
+    PYTHONPATH=src python benchmarks/op_count.py                 # 28 layers (Qwen3-0.6B's depth), tiny width
+    PYTHONPATH=src python benchmarks/op_count.py --layers 4 --plans grpo_ckpt,oblr_ckpt
+
+On a GPU a step whose layers are small is bound by the host dispatching operators, not by the device
+(Qwen3-0.6B on an H200: docs/performance.md). The count does not depend on the width, so a model of
+Qwen3-0.6B's depth with a tiny width counts what the real one dispatches, in seconds on CPU. Counted:
+top-level ``aten::`` operators of one step (:func:`oblr.update.accumulate_policy_gradient`, after one
+warm-up call) under ``torch.profiler``: those not called from inside another ``aten::`` operator. Views
+(reshape, transpose, detach) are counted; they launch no kernel but are dispatched on the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+
+PLANS = {"grpo": (False, "grpo"), "oblr": (False, "oblr"), "grpo_ckpt": (True, "grpo"), "oblr_ckpt": (True, "oblr")}
+
+
+def count(layers: int = 28, plans=tuple(PLANS), response_len: int = 224, top: int = 8) -> dict[str, dict]:
+    """{plan: {"total": n, "top": [(op, n), ...]}} for a random-init Qwen3-shaped model of ``layers`` layers
+    (hidden 64, MLP 192, 4/2 heads of 16, vocab 512, tied), 2 prompts x 2 samples, 32 + ``response_len`` tokens."""
+    import memory_check as mc
+
+    from oblr import memory_model as mm
+
+    shape = mm.Shape(layers, 64, 192, 4, 2, 16, 512, True)
+    case = mc.case_of(shape, 32, response_len, 2, 2)
+    model = mc.build_model(case, dtype=torch.float32)
+    batch, rewards = mc._batch(case, torch.device("cpu"))
+    out = {}
+    for plan in plans:
+        ckpt, base = PLANS[plan]
+        mc._checkpointing(model, ckpt)
+        step = partial(mc._update, model, batch, rewards, case, baseline=base, need_snr=base == "oblr")
+        step()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step()
+        ops = collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::")
+                                  and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+        out[plan] = dict(total=sum(ops.values()), top=ops.most_common(top))
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--plans", default=",".join(PLANS), help=f"comma-separated, of {', '.join(PLANS)}")
+    args = ap.parse_args(argv)
+    plans = [p for p in args.plans.split(",") if p]
+    bad = [p for p in plans if p not in PLANS]
+    if bad or not plans:
+        ap.error(f"--plans: unknown {bad or plans}; known: {', '.join(PLANS)}")
+    if args.layers < 1:
+        ap.error("--layers must be >= 1")
+    res = count(args.layers, plans)
+    for plan, r in res.items():
+        print(f"{plan:10s} {r['total']:6d} operators; most dispatched: "
+              + ", ".join(f"{op.removeprefix('aten::')} {n}" for op, n in r["top"]))
+    return res
+
+
+if __name__ == "__main__":
+    main()
