@@ -17,9 +17,11 @@ gradient ``s_i`` restricted to that parameter. Two kinds cover every rule:
 A :class:`Grouping` says which "samples" to assemble: every row alone (per-sequence norms ``w_i``),
 groups of rows with coefficients (``||sum_{i in k} c_i s_i||^2``), or everything with coefficients
 (the weighted gradient). Grouping rows concatenates their tokens, so one code path serves all three.
-All arithmetic is float32 whatever the model dtype. On CUDA, the products of a bf16 or fp16 model's own
-factors (unscaled: per-row gradients and ghost Grams) run as TF32 (:func:`tf32_products`), whose 11-bit
-significand holds those values exactly; products of scaled or accumulated values stay float32.
+All arithmetic is float32 whatever the model dtype. On CUDA, the products of a bf16 or fp16 model's
+factors run as TF32 (:func:`tf32_products`): exact for the factors themselves (TF32's 11-bit significand
+holds their values); a factor the one-pass engine scaled by a row's coefficient first is rounded to 11 bits
+(relative 2^-11 per element, below the 2^-8 of the bf16 values it came from and of a bf16 gradient it is
+added to). Products of accumulated per-row gradients (the two-pass Grams ``z z^T``) stay float32.
 """
 
 from __future__ import annotations
@@ -55,9 +57,9 @@ TF32_HALF_PRODUCTS = True
 
 
 def tf32_eligible(device_type: str, dtypes) -> bool:
-    """True when products of unscaled factors of ``dtypes`` on ``device_type`` may run as TF32: on CUDA, with
-    every factor in half precision (bf16 or fp16, whose values TF32 holds exactly; the products accumulate
-    in float32, as a float32 product does, so only the order of the sums differs)."""
+    """True when products of factors of ``dtypes`` on ``device_type`` may run as TF32: on CUDA, with every
+    factor from a half-precision model (bf16 or fp16, whose values TF32 holds exactly; the products accumulate
+    in float32, as a float32 product does). A float32 model never qualifies."""
     dtypes = list(dtypes)
     return TF32_HALF_PRODUCTS and device_type == "cuda" and bool(dtypes) and all(d in HALF for d in dtypes)
 

@@ -348,7 +348,8 @@ class BookKeeper:
         cache = GramCache()  # q/k/v (and gate/up) share their input: its Gram is computed once
         for e in self._entries:
             if e.contribs:
-                total = total + sq_norm([c.regroup(grp) for c in e.contribs], self.method, cache)
+                with tf32_products(half_factors(e.contribs)):
+                    total = total + sq_norm([c.regroup(grp) for c in e.contribs], self.method, cache)
         return total
 
     def sq_norms(self) -> torch.Tensor:
@@ -371,7 +372,8 @@ class BookKeeper:
         for e in self._entries:
             if not e.contribs:
                 continue
-            inc = materialized_sum([c.regroup(grp) for c in e.contribs])[0]
+            with tf32_products(half_factors(e.contribs)):
+                inc = materialized_sum([c.regroup(grp) for c in e.contribs])[0]
             sq = sq + inc.pow(2).sum()
             self._sink(e.param, inc)
         return sq
@@ -390,7 +392,8 @@ class BookKeeper:
         for e in self._entries:
             if not e.contribs:
                 continue
-            e_sq, inc = grouped_sums(e.contribs, grp)
+            with tf32_products(half_factors(e.contribs)):
+                e_sq, inc = grouped_sums(e.contribs, grp)
             sq = sq + e_sq
             self._sink(e.param, inc)
         return sq
