@@ -179,7 +179,7 @@ Qwen3-4B `grpo_ckpt_chunk` at 1024 tokens (1.16: 1.44 GiB above the prediction; 
 is that of one float32 or two bf16 `vocab x hidden` tensors, which points at the tied weight's gradient at
 the end of the backward, a term the model leaves out and which only shows once chunking removes the logits'
 peak). Measured there: Qwen3-4B with 4 x 4096 tokens, checkpointing on, 45 GiB above the model with whole
-logits and 11.1 (GRPO) / 12.9 (OBLR-PO) GiB with chunks of 512; Qwen3-8B the same, 46.8 / 46.9 and 19.9 /
+logits and 11.1 (GRPO) / 13.0 (OBLR-PO) GiB with chunks of 512; Qwen3-8B the same, 46.8 / 46.9 and 19.9 /
 26.2 GiB. The FSDP2 projection over 8 GPUs below was not run. The script's CPU path (`--dry-run`, tiny
 shapes) runs in the test suite (tests/scripts/test_gpu_memory_check.py).
 

@@ -176,6 +176,7 @@ def _fp32_products(step, params, device: torch.device, repeats: int) -> dict:
         contrib.TF32_HALF_PRODUCTS = flag
         try:
             ts = []
+            step()  # a warm-up per setting: its products take other kernels
             for _ in range(max(1, repeats)):
                 for p in params:
                     p.grad = None

@@ -110,12 +110,27 @@ def test_tf32_only_for_a_half_precision_models_factors_on_cuda():
     x = torch.zeros(2, 3, 4, dtype=torch.bfloat16)
     assert not half_factors([Outer(x, x, (4, 4)), Dense(torch.zeros(2, 4))])  # on CPU
     assert not half_factors([Dense(torch.zeros(2, 4))])
-    before = torch.get_float32_matmul_precision()
+    m = torch.backends.cuda.matmul
+
+    def state():
+        return (torch.backends.fp32_precision, m.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
+
+    before = state()
     with tf32_products(True):
-        assert torch.get_float32_matmul_precision() == "high"
-    assert torch.get_float32_matmul_precision() == before
+        assert m.fp32_precision == "tf32"
+    assert state() == before  # the default ("none": follow the global setting) comes back, nothing else moved
     with tf32_products(False):
-        assert torch.get_float32_matmul_precision() == before
+        assert state() == before
+    with pytest.raises(RuntimeError), tf32_products(True):
+        raise RuntimeError("inside")
+    assert state() == before
+    m.fp32_precision = "ieee"  # a caller on torch's newer switches: no error, and its setting comes back
+    try:
+        with tf32_products(True):
+            assert m.fp32_precision == "tf32"
+        assert m.fp32_precision == "ieee"
+    finally:
+        m.fp32_precision = before[1]
     contrib.TF32_HALF_PRODUCTS = False
     try:
         assert not tf32_eligible("cuda", [torch.bfloat16])

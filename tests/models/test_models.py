@@ -216,6 +216,40 @@ def test_activation_checkpointing_is_enabled_non_reentrant_or_refused_in_one_lin
         enable_activation_checkpointing(ToyLM())
 
 
+def test_activation_checkpointing_switches_on_and_off_any_number_of_times():
+    """Enabling again does not stack input-grads hooks on the embedding; disabling removes the one there is,
+    under the method names of whichever transformers is installed (the older ``gradient_checkpointing_*``
+    too: transformers 5.17, a GPU image's, has only those)."""
+    from conftest import tiny_qwen3
+
+    from oblr.gradnorm.engine import checkpointing_modules
+    from oblr.models import disable_activation_checkpointing, enable_activation_checkpointing
+
+    model = tiny_qwen3()
+    emb = model.get_input_embeddings()
+    n0 = len(emb._forward_hooks)
+    for _ in range(3):
+        enable_activation_checkpointing(model)
+    assert checkpointing_modules(model) and len(emb._forward_hooks) <= n0 + 1
+    disable_activation_checkpointing(model)
+    assert not checkpointing_modules(model) and len(emb._forward_hooks) == n0
+
+    class OlderNames:  # only the former method names, as older transformers have them
+        supports_gradient_checkpointing = True
+        calls = []
+
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+            self.calls.append(("enable", gradient_checkpointing_kwargs))
+
+        def gradient_checkpointing_disable(self):
+            self.calls.append(("disable", None))
+
+    old = OlderNames()
+    enable_activation_checkpointing(old)
+    disable_activation_checkpointing(old)
+    assert old.calls == [("enable", {"use_reentrant": False}), ("disable", None)]
+
+
 def test_ensure_builtin_built_checks_the_cache_and_waits_for_local_rank_0(tmp_path, monkeypatch):
     """Before a run: nothing for a model that is not built-in; one line for a cache that cannot be written;
     under torchrun a rank other than local rank 0 waits for the build and, past its time limit, says which

@@ -130,6 +130,6 @@ def test_committed_gpu_summary_is_the_scripts_output(tmp_path):
     copy = tmp_path / "h200_scale"
     shutil.copytree(root, copy)
     log = copy / "1_before" / "log.txt"
-    log.write_text(log.read_text().replace("predicted 52.651 GiB (0.889)", "predicted 52.651 GiB (0.500)"))
+    log.write_text(log.read_text().replace("predicted 52.651 GiB (0.889)", "predicted 52.651 GiB (0.500)"))  # 8B
     text = summarize_scale.summarize(copy)
     assert "15 of 20 measured peaks are within 15%" in text and "| 0.500 |" in text

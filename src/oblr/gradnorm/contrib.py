@@ -21,7 +21,8 @@ All arithmetic is float32 whatever the model dtype. On CUDA, the products of a b
 factors run as TF32 (:func:`tf32_products`): exact for the factors themselves (TF32's 11-bit significand
 holds their values); a factor the one-pass engine scaled by a row's coefficient first is rounded to 11 bits
 (relative 2^-11 per element, below the 2^-8 of the bf16 values it came from and of a bf16 gradient it is
-added to). Products of accumulated per-row gradients (the two-pass Grams ``z z^T``) stay float32.
+added to; for fp16, equal to its own). Products of accumulated per-row gradients (the two-pass Grams
+``z z^T``) stay float32.
 """
 
 from __future__ import annotations
@@ -76,17 +77,23 @@ def half_factors(contribs) -> bool:
 
 @contextmanager
 def tf32_products(on: bool):
-    """Float32 matrix products as TF32 (``torch.set_float32_matmul_precision("high")``) inside, when ``on``;
-    the caller's setting is restored on exit. Off: nothing changes."""
+    """CUDA float32 matrix products as TF32 inside, when ``on``; off: nothing changes.
+
+    Only the CUDA matmul setting is touched, and exactly it is restored on exit (an exception included):
+    ``torch.backends.cuda.matmul.fp32_precision`` where torch has it (2.9 and later; reading it works whichever
+    of torch's old or new precision switches the caller used), else the older ``allow_tf32``. The setting is
+    process-wide while inside: another thread's CUDA float32 products in that window run as TF32 too."""
     if not on:
         yield
         return
-    prev = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
+    m = torch.backends.cuda.matmul
+    name, value = ("fp32_precision", "tf32") if hasattr(m, "fp32_precision") else ("allow_tf32", True)
+    prev = getattr(m, name)
+    setattr(m, name, value)
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(prev)
+        setattr(m, name, prev)
 
 
 @dataclass(frozen=True)

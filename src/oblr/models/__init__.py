@@ -321,6 +321,8 @@ def enable_activation_checkpointing(model) -> None:
 
         raise ConfigError(f"config key 'model.activation_checkpointing': {type(model).__qualname__} does not support "
                           "activation checkpointing (its supports_gradient_checkpointing is not True)")
+    if hasattr(model, "_require_grads_hook"):  # enabled before: drop that input-grads hook, or each call adds one
+        model.disable_input_require_grads()
     if hasattr(model, "activation_checkpointing_enable"):  # newer transformers (5.24 has it, 5.17 not)
         model.activation_checkpointing_enable({"use_reentrant": False})
     else:  # older transformers: the same switch under its former name
