@@ -138,6 +138,37 @@ def test_tf32_only_for_a_half_precision_models_factors_on_cuda():
         contrib.TF32_HALF_PRODUCTS = True
 
 
+def test_a_norm_pass_that_fails_leaves_no_stale_answers():
+    """A second norm pass that raises half-way (here: in one layer's reduction) must not leave the first pass's
+    grouping and batch in place next to half-filled Grams: the queries refuse instead of answering."""
+    from oblr.gradnorm import twopass
+
+    model = _ckpt(tiny_qwen3(seed=3))
+    ids, am, rm = _batch(model.config.vocab_size)
+    book = TwoPassBookKeeper(model)
+    with book.record():
+        seq = sequence_logprobs(token_logprobs(model, ids, am), rm)
+        book.backward(seq)
+        assert book.sq_norms().shape == (ids.shape[0],)
+        real, calls = twopass.TwoPassBookKeeper._take, []
+
+        def fail_late(self, h, x, g):
+            calls.append(h.path)
+            if len(calls) == 3:
+                raise RuntimeError("a layer failed")
+            return real(self, h, x, g)
+
+        twopass.TwoPassBookKeeper._take = fail_late
+        try:
+            with pytest.raises(RuntimeError, match="a layer failed"):
+                book.backward(seq)
+        finally:
+            twopass.TwoPassBookKeeper._take = real
+    with pytest.raises(RuntimeError, match="backward"):
+        book.sq_norms()
+    book.clear()
+
+
 def test_two_pass_with_peft_lora_and_checkpointing():
     peft = pytest.importorskip("peft")
     model = peft.get_peft_model(

@@ -150,6 +150,7 @@ class TwoPassBookKeeper(BookKeeper):
             raise ValueError("seq_obj does not depend on any trainable parameter (was the forward run inside "
                              "record() and outside torch.no_grad()?)")
         self._forwarding = False
+        self._batch = self._grp_done = None  # queries refuse until this pass completes (a failed pass: stale Grams)
         B = seq_obj.shape[0]
         dev = seq_obj.device
         gid = torch.arange(B, device=dev) if group_ids is None else group_ids.to(dev)
