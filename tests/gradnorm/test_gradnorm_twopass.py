@@ -66,8 +66,8 @@ def test_two_pass_matches_the_loop_with_checkpointing_on(arch, method):
     assert _grad_err(g, g_ref) < RTOL
 
 
-@pytest.mark.parametrize("method", ["auto", "materialize"])
-def test_two_pass_with_sliced_row_grams_matches_the_loop(monkeypatch, method):
+@pytest.mark.parametrize("method,alone", [("auto", False), ("materialize", False), ("materialize", True)])
+def test_two_pass_with_sliced_row_grams_matches_the_loop(monkeypatch, method, alone):
     """The Gram of materialised per-row gradients in slices (``gram.rows_gram``, CUDA's default) on CPU, with
     slices short enough that every layer is cut, a remainder included."""
     from oblr.gradnorm import gram
@@ -80,9 +80,10 @@ def test_two_pass_with_sliced_row_grams_matches_the_loop(monkeypatch, method):
     model = _ckpt(tiny_qwen3(seed=3))
     ids, am, rm = _batch(model.config.vocab_size)
     coeffs = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(1))
-    gid = torch.tensor([2, 0, 2, 1, 0, 2, 5])
+    gid = torch.arange(7) if alone else torch.tensor([2, 0, 2, 1, 0, 2, 5])  # alone: groups of one row
     w, gk, g = _two_pass(model, ids, am, rm, coeffs, gid, method)
     assert calls and any(n % 7 and n >= 14 for _, _, n in calls)  # sliced, with a remainder
+    assert all((M == 1) == alone for _, M, _ in calls)
     assert rel_err(w, loop_sequence_sq_norms(model, ids, am, rm)) < RTOL
     assert rel_err(gk, loop_group_sq_norms(model, ids, am, rm, coeffs, gid)) < RTOL
     assert _grad_err(g, loop_weighted_grad(model, ids, am, rm, coeffs)) < RTOL
@@ -93,10 +94,12 @@ def test_rows_gram_slices_equal_one_product():
 
     gen = torch.Generator().manual_seed(0)
     for n in (GRAM_SLICE - 1, 2 * GRAM_SLICE, 3 * GRAM_SLICE + 17):
-        z = torch.randn(3, 4, n, generator=gen, dtype=torch.float64)
-        ref = torch.bmm(z, z.transpose(1, 2))
-        assert torch.allclose(rows_gram(z, split=True), ref, rtol=1e-12, atol=1e-9)
-        assert torch.equal(rows_gram(z, split=False), ref)
+        for M in (4, 1):
+            z = torch.randn(3, M, n, generator=gen, dtype=torch.float64)
+            ref = torch.bmm(z, z.transpose(1, 2))
+            assert rows_gram(z, split=True).shape == (3, M, M)
+            assert torch.allclose(rows_gram(z, split=True), ref, rtol=1e-12, atol=1e-9)
+            assert torch.equal(rows_gram(z, split=False), ref)
 
 
 def test_tf32_only_for_a_half_precision_models_factors_on_cuda():

@@ -98,6 +98,8 @@ def rows_gram(z: Tensor, split: bool | None = None) -> Tensor:
         split = z.device.type in SPLIT_DEVICES
     if not split or n < 2 * GRAM_SLICE:
         return torch.bmm(z, z.transpose(1, 2))
+    if M == 1:  # one row per group: its squared norm, one reduction for all groups
+        return torch.linalg.vector_norm(z, dim=2, keepdim=True).square()
     s = n // GRAM_SLICE
     head = s * GRAM_SLICE
     out = []
