@@ -7,7 +7,7 @@
 # Needs: a Python with verl 0.9.1 and the verl extra (constraints/verl.txt) plus vLLM for the GPU, and the
 # model available offline. Nothing is downloaded here; a missing piece stops the script with one line.
 # Writes under $OUT (default runs/gpu_verl): data/, grpo.log, oblr.log, summary.txt (validation scores).
-# NOT RUN: no GPU was lent when it was written (docs/verl.md).
+# NOT RUN: no GPU with verl and vLLM has been lent (docs/verl.md).
 # Usage (repository root):  bash benchmarks/gpu/verl_oblr_vs_grpo.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
