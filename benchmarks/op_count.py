@@ -4,10 +4,11 @@
     PYTHONPATH=src python benchmarks/op_count.py --layers 4 --plans grpo_ckpt,oblr_ckpt
 
 On a GPU a step whose layers are small is bound by the host dispatching operators, not by the device
-(Qwen3-0.6B on an H200: docs/performance.md). The count does not depend on the width, so a model of
-Qwen3-0.6B's depth with a tiny width counts what the real one dispatches, in seconds on CPU. Counted:
-top-level ``aten::`` operators of one step (:func:`oblr.update.accumulate_policy_gradient`, after one
-warm-up call) under ``torch.profiler``: those not called from inside another ``aten::`` operator. Views
+(Qwen3-0.6B on an H200: docs/performance.md). The count follows the depth; the width changes it only
+where a layer takes another product or more chunks, so a model of Qwen3-0.6B's depth with a tiny width
+counts nearly what the real one dispatches, in seconds on CPU. Counted:
+top-level ``aten::`` operators of one step (``step_methods``' method of the plan, i.e.
+:func:`oblr.update.accumulate_policy_gradient`, after one warm-up call) under ``torch.profiler``: those not called from inside another ``aten::`` operator. Views
 (reshape, transpose, detach) are counted; they launch no kernel but are dispatched on the host.
 """
 
@@ -16,36 +17,41 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
-from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 
-PLANS = {"grpo": (False, "grpo"), "oblr": (False, "oblr"), "grpo_ckpt": (True, "grpo"), "oblr_ckpt": (True, "oblr")}
+PLANS = ("grpo", "oblr", "grpo_ckpt", "oblr_ckpt")
 
 
-def count(layers: int = 28, plans=tuple(PLANS), response_len: int = 224, top: int = 8) -> dict[str, dict]:
-    """{plan: {"total": n, "top": [(op, n), ...]}} for a random-init Qwen3-shaped model of ``layers`` layers
-    (hidden 64, MLP 192, 4/2 heads of 16, vocab 512, tied), 2 prompts x 2 samples, 32 + ``response_len`` tokens."""
-    import memory_check as mc
+def count(layers: int = 28, plans=PLANS, response_len: int = 224, top: int = 8) -> dict[str, dict]:
+    """{plan: {"total": n, "top": [(op, n), ...]}} for ``step_methods``' method of each plan on a random-init
+    Qwen3-shaped model of ``layers`` layers (hidden 64, MLP 192, 4/2 heads of 16, vocab 512, tied), 2 prompts
+    x 2 samples, 32 + ``response_len`` tokens."""
+    from step_methods import Case, Ctx, build_batch, build_model, methods
 
-    from oblr import memory_model as mm
-
-    shape = mm.Shape(layers, 64, 192, 4, 2, 16, 512, True)
-    case = mc.case_of(shape, 32, response_len, 2, 2)
-    model = mc.build_model(case, dtype=torch.float32)
-    batch, rewards = mc._batch(case, torch.device("cpu"))
+    case = Case(hidden=64, layers=layers, vocab=512, prompt_len=32, response_len=response_len, n_prompts=2,
+                group_size=2, heads=4, kv_heads=2, head_dim=16, intermediate=192, tied=True)
+    model = build_model(case)
+    batch, rewards = build_batch(case)
+    ctx = Ctx(model, batch, rewards, max_len=case.response_len)
+    by_name = {m.name: m for m in methods()}
     out = {}
     for plan in plans:
-        ckpt, base = PLANS[plan]
-        mc._checkpointing(model, ckpt)
-        step = partial(mc._update, model, batch, rewards, case, baseline=base, need_snr=base == "oblr")
-        step()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            step()
+        m = by_name[plan]
+        if m.setup:
+            m.setup(ctx)
+        try:
+            m.fn(ctx)  # warm-up
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                m.fn(ctx)
+        finally:
+            if m.teardown:
+                m.teardown(ctx)
+        for prm in ctx.params():
+            prm.grad = None
         ops = collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::")
                                   and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
         out[plan] = dict(total=sum(ops.values()), top=ops.most_common(top))

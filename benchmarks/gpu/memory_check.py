@@ -145,7 +145,8 @@ def _peak_cpu(fn) -> float:
     return _peak_bytes(prof)
 
 
-def _peak_cuda(fn, device: torch.device) -> float:
+def _peak_cuda(fn, device: torch.device) -> tuple[float, float]:
+    """(peak allocated above what was allocated before, the allocator's peak reserved bytes: the process's)"""
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.synchronize(device)
@@ -153,11 +154,7 @@ def _peak_cuda(fn, device: torch.device) -> float:
     torch.cuda.reset_peak_memory_stats(device)
     fn()
     torch.cuda.synchronize(device)
-    _RESERVED["last"] = float(torch.cuda.max_memory_reserved(device))
-    return float(torch.cuda.max_memory_allocated(device) - before)
-
-
-_RESERVED: dict = {}  # the CUDA allocator's peak reserved bytes (all of the process's) of the last _peak_cuda
+    return (float(torch.cuda.max_memory_allocated(device) - before), float(torch.cuda.max_memory_reserved(device)))
 
 
 def _sync(device: torch.device) -> None:
@@ -236,13 +233,16 @@ def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.d
         for p in model.parameters():
             p.grad = None
         t0 = time.perf_counter()
-        measured = _peak_cuda(steps[plan][1], device) if device.type == "cuda" else _peak_cpu(steps[plan][1])
+        if device.type == "cuda":
+            measured, reserved = _peak_cuda(steps[plan][1], device)
+        else:
+            measured, reserved = _peak_cpu(steps[plan][1]), None
         seconds = time.perf_counter() - t0
         predicted = mm.step_peak_bytes(shape, model_plan, B, T, act_bytes=2, grad_bytes=2, logit_chunk=chunk)
         rows.append(dict(model=label, plan=plan, batch=B, tokens=T, measured_bytes=measured,
                          predicted_bytes=predicted, ratio=measured / predicted, seconds=seconds))
-        if device.type == "cuda":
-            rows[-1]["process_reserved_peak_bytes"] = _RESERVED["last"]
+        if reserved is not None:
+            rows[-1]["process_reserved_peak_bytes"] = reserved
         print(f"  {label} {plan}: measured {measured / 2**30:.3f} GiB, predicted {predicted / 2**30:.3f} GiB "
               f"({measured / predicted:.3f})", file=sys.stderr, flush=True)
         for p in model.parameters():

@@ -69,10 +69,8 @@ def half_factors(contribs) -> bool:
     """:func:`tf32_eligible` for stored contributions: some :class:`Outer` among them, every Outer's float
     factors in half precision and on CUDA (Dense sums are float32 and are not looked at)."""
     outers = [c for c in contribs if isinstance(c, Outer)]
-    if not outers:
-        return False
     dtypes = [t.dtype for c in outers for t in ((c.right,) if c.is_index else (c.left, c.right))]
-    return all(tf32_eligible(c.right.device.type, dtypes) for c in outers)
+    return all(c.right.is_cuda for c in outers) and tf32_eligible("cuda", dtypes)
 
 
 @contextmanager

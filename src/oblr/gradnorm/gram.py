@@ -134,7 +134,8 @@ def _group_gram(contribs: list, grp: Grouping, method: str) -> Tensor:
     K, M = index.shape
     tf32 = half_factors(contribs)
     chunks = list(_chunks(K, M * _numel(contribs[0].shape)))
-    if not _use_ghost(contribs, M, method):
+    ghost = _use_ghost(contribs, M, method)
+    if not ghost:
         if len(contribs) == 1 and isinstance(contribs[0], Dense) and grp.contiguous:  # a view, no copy
             return rows_gram(contribs[0].z.reshape(K, M, -1))
         if len(chunks) == 1:  # one chunk of groups: no buffer to fill
@@ -144,7 +145,7 @@ def _group_gram(contribs: list, grp: Grouping, method: str) -> Tensor:
                     z = z + _rows_materialized(c, index, 0, K, grp.contiguous)
             return rows_gram(z)
     out = torch.zeros(K, M, M, dtype=torch.float32, device=index.device)
-    if _use_ghost(contribs, M, method):
+    if ghost:
         gathered = [_gather_outer(c, index, grp.contiguous) for c in contribs]
         for i, a in enumerate(gathered):
             for j in range(i, len(gathered)):
