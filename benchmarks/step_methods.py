@@ -24,6 +24,8 @@ Methods (see docs/performance.md):
 - ``grpo_ckpt`` / ``oblr_ckpt``: ``grpo`` / ``oblr`` with Hugging Face non-reentrant activation
   checkpointing on for the call (``oblr.models.enable_activation_checkpointing``; OBLR-PO then runs on the
   two-pass engine, :class:`oblr.gradnorm.TwoPassBookKeeper`); compare ``oblr_ckpt`` with ``grpo_ckpt``;
+- ``oblr_recompute``: ``oblr_ckpt`` on the recompute engine (``algorithm.checkpointed_engine=recompute``,
+  :class:`oblr.gradnorm.RecomputeBookKeeper`): one backward, no gradient pass, per-row contributions kept;
 - ``grpo_ckpt_chunk`` / ``oblr_ckpt_chunk``: the same with the output layer applied ``LOGIT_CHUNK`` positions
   at a time (``model.logit_chunk_tokens``, :func:`oblr.logprobs.chunked_response_logprobs`);
 - ``oblr_auto``: ``oblr`` plus one step of the ``auto`` lr schedule (:mod:`oblr.step_scale`: buffer
@@ -171,10 +173,10 @@ class Ctx:
 
 
 def _settings(ctx: Ctx, baseline: str, need_snr: bool, norms_method: str = "auto",
-              logit_chunk: int = 0) -> UpdateSettings:
+              logit_chunk: int = 0, engine: str = "two_pass") -> UpdateSettings:
     return UpdateSettings(baseline=baseline, aggregation=AGGREGATION, max_len=ctx.max_len, need_snr=need_snr,
                           micro_batch_groups=ctx.micro_batch_groups, norms_method=norms_method,
-                          logit_chunk_tokens=logit_chunk)
+                          logit_chunk_tokens=logit_chunk, checkpointed_engine=engine)
 
 
 def step_grpo(ctx: Ctx):
@@ -185,6 +187,11 @@ def step_grpo(ctx: Ctx):
 def step_oblr(ctx: Ctx):
     return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "oblr", True)) \
         .per_prompt_sq_norms
+
+
+def step_oblr_recompute(ctx: Ctx):
+    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
+                                      _settings(ctx, "oblr", True, engine="recompute")).per_prompt_sq_norms
 
 
 def step_grpo_chunk(ctx: Ctx):
@@ -403,6 +410,9 @@ def methods() -> list[Method]:
                _checkpointing_on, _checkpointing_off),
         Method("oblr_ckpt", step_oblr, "OBLR-PO with activation checkpointing: two-pass engine (norm pass into "
                "per-prompt Grams, then an ordinary backward)", _checkpointing_on, _checkpointing_off),
+        Method("oblr_recompute", step_oblr_recompute, "OBLR-PO with activation checkpointing: recompute engine (one "
+               "backward; each recomputed layer's per-row contributions kept, no second backward)",
+               _checkpointing_on, _checkpointing_off),
         Method("grpo_ckpt_chunk", step_grpo_chunk, f"grpo_ckpt with the output layer in chunks of {LOGIT_CHUNK} "
                "positions (model.logit_chunk_tokens)", _checkpointing_on, _checkpointing_off),
         Method("oblr_ckpt_chunk", step_oblr_chunk, f"oblr_ckpt with the output layer in chunks of {LOGIT_CHUNK} "

@@ -138,6 +138,11 @@ class AlgorithmConfig:
                          range=Range(ge=0, le=BIG))
     norms_method: str = opt("auto", "how exact gradient norms are computed (loop = the slow reference)",
                             choices="oblr.gradnorm:NORMS_METHODS")
+    checkpointed_engine: str = opt("two_pass", "exact-norm engine when model.activation_checkpointing is on: "
+                                               "two_pass (nothing kept per layer, a second backward) | recompute "
+                                               "(no second backward; keeps each layer's per-row gradients, up to B x "
+                                               "the trainable parameters in float32); docs/scale.md",
+                                   choices="oblr.gradnorm:CHECKPOINTED_ENGINES")
     track_snr: bool = opt(False, "compute and log S, V, SNR even when the schedule does not use them")
     micro_batch_groups: int = opt(0, "prompt groups per forward/backward micro-batch (0 = all at once)",
                                   range=COUNT0)

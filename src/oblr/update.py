@@ -23,9 +23,12 @@ method name:
   inside each g_k, so the rows' objective ``obj_i`` gets a second recorded backward on the retained graph
   (the first one only when exact weights are needed) and g_k and ``.grad`` come from that record;
 - with activation checkpointing on (``model.activation_checkpointing``) the book-keeping path runs on
-  :class:`oblr.gradnorm.TwoPassBookKeeper` (:func:`oblr.gradnorm.make_book`): each recorded "backward" is
-  a norm pass that keeps only per-prompt Grams, and ``.grad`` comes from one ordinary backward of
-  ``sum_i obj_i`` -- the same numbers, one more backward pass, no per-layer activations kept;
+  :class:`oblr.gradnorm.TwoPassBookKeeper` (:func:`oblr.gradnorm.make_book`, ``algorithm.checkpointed_engine``
+  ``two_pass``): each recorded "backward" is a norm pass that keeps only per-prompt Grams, and ``.grad`` comes
+  from one ordinary backward of ``sum_i obj_i`` -- the same numbers, one more backward pass, nothing kept
+  per layer; or (``recompute``) on :class:`oblr.gradnorm.RecomputeBookKeeper`: the one-pass book-keeping
+  taken from the recomputed layers -- the same numbers, no second backward, each layer's per-row
+  contributions kept;
 - plain path (proxy or no weights, no SNR): forward, advantages, one ordinary backward of
   ``sum_i obj_i``, exactly a GRPO step.
 
@@ -76,6 +79,7 @@ class UpdateSettings:
     max_len: int | None = None   # the constant of seq_sum_const (None: the batch width)
     need_snr: bool = True        # compute per-prompt norms and S, V (book-keeping path)
     norms_method: str = "auto"
+    checkpointed_engine: str = "two_pass"  # with activation checkpointing on: two_pass | recompute
     micro_batch_groups: int = 0  # 0 = the whole batch at once
     clip_eps: float = 0.2
     kl_coef: float = 0.0
@@ -207,7 +211,7 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     kl_on = settings.kl_coef > 0
     if kl_on and ref_model is None:
         raise ValueError(f"kl_coef = {settings.kl_coef} needs ref_model (the frozen reference policy)")
-    book = (make_book(model, method=settings.norms_method, grad_sink=grad_sink)
+    book = (make_book(model, method=settings.norms_method, grad_sink=grad_sink, engine=settings.checkpointed_engine)
             if source == "exact" or settings.need_snr else None)
     if settings.logit_chunk_tokens and source == "logit_energy":
         raise ValueError(f"baseline {settings.baseline!r} weighs outputs by their logits, which "

@@ -40,7 +40,8 @@ def test_every_choice_of_the_config_is_a_registry_or_a_table():
 
     keys = {key for key, _, _ in choice_fields()}
     assert keys == {"model.dtype", "task.name", "rollout.engine", "algorithm.baseline", "algorithm.lr_schedule",
-                    "algorithm.aggregation", "algorithm.norms_method", "algorithm.memory_plan", "optim.optimizer",
+                    "algorithm.aggregation", "algorithm.norms_method", "algorithm.checkpointed_engine",
+                    "algorithm.memory_plan", "optim.optimizer",
                     "distributed.strategy"}
     for key, kind, names in choice_fields():
         assert names and kind, key

@@ -1,6 +1,6 @@
-"""oblr.update with activation checkpointing on: the two-pass engine gives the same w_i (through the
-advantages), per-prompt norms, .grad and S, V as the loop reference, whole batch and per micro-batch,
-with and without the KL term, full fine-tuning and LoRA."""
+"""oblr.update with activation checkpointing on: both checkpointed engines (two-pass, recompute) give the same
+w_i (through the advantages), per-prompt norms, .grad and S, V as the loop reference, whole batch and per
+micro-batch, with and without the KL term, full fine-tuning and LoRA, whole and chunked logits."""
 
 from __future__ import annotations
 
@@ -74,24 +74,27 @@ def test_checkpointed_update_equals_the_loop_and_the_unchecked_step(lora, kl_coe
     plain = _run(model, batch, rewards, ref, kl_coef=kl_coef, micro_batch_groups=micro)  # checkpointing off
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     loop = _run(model, batch, rewards, ref, kl_coef=kl_coef, micro_batch_groups=micro, norms_method="loop")
-    two = _run(model, batch, rewards, ref, kl_coef=kl_coef, micro_batch_groups=micro)
-    _same(two, loop)
-    _same(two, plain)
-    assert torch.equal(two[0].old_logprobs, plain[0].old_logprobs)
+    for engine in ("two_pass", "recompute"):
+        got = _run(model, batch, rewards, ref, kl_coef=kl_coef, micro_batch_groups=micro, checkpointed_engine=engine)
+        _same(got, loop)
+        _same(got, plain)
+        assert torch.equal(got[0].old_logprobs, plain[0].old_logprobs)
 
 
-def test_checkpointed_update_without_snr_and_without_assembly():
+@pytest.mark.parametrize("engine", ["two_pass", "recompute"])
+def test_checkpointed_update_without_snr_and_without_assembly(engine):
     model, ref = _models(False)
     batch, rewards = _batch(model.config.vocab_size)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     loop = _run(model, batch, rewards, ref, norms_method="loop")
-    res, g = _run(model, batch, rewards, ref, need_snr=False)  # weights only: one norm pass, then the gradient
+    res, g = _run(model, batch, rewards, ref, need_snr=False, checkpointed_engine=engine)  # weights only
     assert res.per_prompt_sq_norms is None and res.snr is None
     assert _rel(res.advantages, loop[0].advantages) < RTOL
     assert max(_rel(x, y) for x, y in zip(g, loop[1])) < RTOL
     for p in model.parameters():
         p.grad = None
-    settings = UpdateSettings(aggregation="seq_sum_const", max_len=MAX_LEN, baseline="oblr", assemble_grad=False)
+    settings = UpdateSettings(aggregation="seq_sum_const", max_len=MAX_LEN, baseline="oblr", assemble_grad=False,
+                              checkpointed_engine=engine)
     res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=ref)
     assert all(p.grad is None for p in model.parameters())
     assert _rel(res.per_prompt_sq_norms, loop[0].per_prompt_sq_norms) < RTOL
@@ -119,6 +122,7 @@ def test_chunked_output_layer_equals_the_loop_and_the_whole_logits(tied, lora, k
     chunked = _run(model, batch, rewards, ref, logit_chunk_tokens=3, **kw)
     _same(chunked, loop)
     _same(chunked, whole)
+    _same(_run(model, batch, rewards, ref, logit_chunk_tokens=3, checkpointed_engine="recompute", **kw), loop)
     a, b = chunked[0], whole[0]
     assert _rel(a.old_logprobs, b.old_logprobs) < RTOL
     for key in ("train/entropy", "optim/loss") + (("actor/kl",) if kl_coef else ()):

@@ -5,7 +5,9 @@
   ``accumulate_grad`` from the stored activations and output gradients; ``method="loop"`` gives the same
   interface with one backward per sequence (the slow exact reference, registry :data:`NORMS_METHODS`).
 - :class:`TwoPassBookKeeper` -- the same with activation checkpointing on: a norm pass that keeps only
-  per-group Grams, then an ordinary backward for the gradient; :func:`make_book` picks the engine for a model.
+  per-group Grams, then an ordinary backward for the gradient;
+- :class:`RecomputeBookKeeper` -- with activation checkpointing on, the one-pass book-keeping taken from the
+  recomputed layers: no second backward, each layer's contributions kept; :func:`make_book` picks the engine.
 - :func:`register_rule` -- add a rule for another module type.
 - :mod:`oblr.gradnorm.reference` -- the slow exact loop; :mod:`oblr.gradnorm.proxies` -- forward-only proxies.
 See docs/gradnorm.md. The names below are imported from their modules on first use (:mod:`oblr._lazy`), so
@@ -20,8 +22,9 @@ if TYPE_CHECKING:
     from .contrib import Dense, Grouping, Outer
     from .engine import BookKeeper, UnsupportedModuleError, make_book, sequence_grad_sq_norms
     from .layers import register_rule, register_structural_rule, registered_types
-    from .methods import METHODS, NORMS_METHODS
+    from .methods import CHECKPOINTED_ENGINES, METHODS, NORMS_METHODS
     from .proxies import length_weights, logit_energy_weights
+    from .recompute import RecomputeBookKeeper
     from .reference import (
         loop_group_sq_norms,
         loop_per_sequence_grads,
@@ -31,12 +34,14 @@ if TYPE_CHECKING:
     from .twopass import TwoPassBookKeeper
 
 __all__ = [
+    "CHECKPOINTED_ENGINES",
     "METHODS",
     "NORMS_METHODS",
     "BookKeeper",
     "Dense",
     "Grouping",
     "Outer",
+    "RecomputeBookKeeper",
     "TwoPassBookKeeper",
     "UnsupportedModuleError",
     "length_weights",
@@ -53,10 +58,11 @@ __all__ = [
 ]
 
 _EXPORTS = {  # module -> the names this package exports from it (the imports above)
-    ".methods": ["METHODS", "NORMS_METHODS"],
+    ".methods": ["CHECKPOINTED_ENGINES", "METHODS", "NORMS_METHODS"],
     ".contrib": ["Dense", "Grouping", "Outer"],
     ".engine": ["BookKeeper", "UnsupportedModuleError", "make_book", "sequence_grad_sq_norms"],
     ".twopass": ["TwoPassBookKeeper"],
+    ".recompute": ["RecomputeBookKeeper"],
     ".layers": ["register_rule", "register_structural_rule", "registered_types"],
     ".proxies": ["length_weights", "logit_energy_weights"],
     ".reference": ["loop_group_sq_norms", "loop_per_sequence_grads", "loop_sequence_sq_norms",

@@ -49,7 +49,7 @@ from .contrib import (
     token_windows,
 )
 from .layers import Rule, rule_for
-from .methods import NORMS_METHODS
+from .methods import CHECKPOINTED_ENGINES, NORMS_METHODS
 
 
 class UnsupportedModuleError(ValueError):
@@ -416,10 +416,17 @@ def checkpointing_modules(model: nn.Module) -> list[str]:
     return [p for p, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True]
 
 
-def make_book(model: nn.Module, method: str = "auto", grad_sink=None) -> BookKeeper:
-    """The engine for ``model``: :class:`~oblr.gradnorm.twopass.TwoPassBookKeeper` when activation
-    checkpointing is on (and ``method`` is not the loop reference), else the one-pass :class:`BookKeeper`."""
+def make_book(model: nn.Module, method: str = "auto", grad_sink=None, engine: str = "two_pass") -> BookKeeper:
+    """The engine for ``model``: with activation checkpointing on (and ``method`` not the loop reference)
+    :class:`~oblr.gradnorm.twopass.TwoPassBookKeeper` (``engine="two_pass"``: nothing kept per layer, a second
+    backward) or :class:`~oblr.gradnorm.recompute.RecomputeBookKeeper` (``engine="recompute"``: each layer's
+    contributions kept, no second backward); else the one-pass :class:`BookKeeper` (``engine`` ignored)."""
+    CHECKPOINTED_ENGINES.get(engine)  # an unknown name raises, listing the registered ones
     if checkpointing_modules(model) and method != "loop":
+        if engine == "recompute":
+            from .recompute import RecomputeBookKeeper
+
+            return RecomputeBookKeeper(model, method=method, grad_sink=grad_sink)
         from .twopass import TwoPassBookKeeper
 
         return TwoPassBookKeeper(model, method=method, grad_sink=grad_sink)

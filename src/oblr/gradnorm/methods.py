@@ -1,4 +1,6 @@
-"""The gradient-norm methods by name (registry :data:`NORMS_METHODS`, config key ``algorithm.norms_method``).
+"""The gradient-norm methods by name (registry :data:`NORMS_METHODS`, config key ``algorithm.norms_method``) and
+the exact-norm engines for a model with activation checkpointing on (:data:`CHECKPOINTED_ENGINES`, config key
+``algorithm.checkpointed_engine``).
 
 Torch-free, so the config's choices load without the engine; :class:`oblr.gradnorm.engine.BookKeeper`
 implements each method.
@@ -15,3 +17,10 @@ NORMS_METHODS.register("ghost", "one backward; ghost norms wherever the rule all
 NORMS_METHODS.register("materialize", "one backward; per-row gradients materialised")
 NORMS_METHODS.register("loop", "slow exact reference: one backward per sequence")
 METHODS = tuple(NORMS_METHODS.names())
+
+# name -> what it does (:func:`oblr.gradnorm.make_book` builds it when activation checkpointing is on)
+CHECKPOINTED_ENGINES = Registry("checkpointed exact-norm engine")
+CHECKPOINTED_ENGINES.register("two_pass", "TwoPassBookKeeper: a norm pass keeping per-prompt Grams only, then a "
+                                          "second (ordinary) backward for the gradient")
+CHECKPOINTED_ENGINES.register("recompute", "RecomputeBookKeeper: one backward; each recomputed layer's per-row "
+                                           "contributions are kept (up to B x the trainable parameters in float32)")
