@@ -59,7 +59,8 @@ FULL_CASES = [
     Case(hidden=576, layers=30, vocab=49152, prompt_len=32, response_len=128, n_prompts=2, group_size=4,
          heads=9, kv_heads=3, head_dim=64, intermediate=1536),
     # a large vocabulary at T = 1024, where the logits dominate a checkpointed step's memory: the output layer
-    # whole or in chunks (--methods grpo_ckpt,oblr_ckpt,grpo_ckpt_chunk,oblr_ckpt_chunk --cases 8)
+    # whole or in chunks (--methods grpo_ckpt,oblr_ckpt,grpo_ckpt_chunk,oblr_ckpt_chunk --cases 8; the recompute
+    # engine: oblr_recompute, oblr_recompute_chunk)
     Case(hidden=128, layers=8, vocab=16384, prompt_len=32, response_len=992, n_prompts=2, group_size=4),
 ]
 
@@ -275,25 +276,20 @@ def main(argv=None) -> int:
         args.markdown.write_text(header + "\n\n" + tables + "\n")
     if any(r.method == "oblr" and r.times for r in results[0].rows):
         print(f"oblr/grpo step-time ratio: {results[0].ratio('oblr'):.2f}")
+    pairs = [("oblr_ckpt", "grpo_ckpt", "with activation checkpointing"),
+             ("oblr_recompute", "grpo_ckpt", "with activation checkpointing"),
+             ("oblr_recompute", "oblr_ckpt", "recompute against two-pass"),
+             ("grpo_ckpt_chunk", "grpo_ckpt", "output layer in chunks"),
+             ("oblr_ckpt_chunk", "oblr_ckpt", "output layer in chunks"),
+             ("oblr_ckpt_chunk", "grpo_ckpt_chunk", "both chunked"),
+             ("oblr_recompute_chunk", "grpo_ckpt_chunk", "both chunked")]
     for res in results:
         names = {r.method for r in res.rows if r.error is None and r.times}
-        if {"oblr_ckpt", "grpo_ckpt"} <= names:
-            t = statistics.median(res.row("oblr_ckpt").times) / statistics.median(res.row("grpo_ckpt").times)
-            mem = res.row("oblr_ckpt").peak_bytes / res.row("grpo_ckpt").peak_bytes
-            print(f"with activation checkpointing, {res.case.name}: oblr_ckpt/grpo_ckpt step time {t:.2f}, "
-                  f"peak memory {mem:.2f}")
-        for base in ("grpo_ckpt", "oblr_ckpt"):
-            if {base, base + "_chunk"} <= names:
-                t = statistics.median(res.row(base + "_chunk").times) / statistics.median(res.row(base).times)
-                mem = res.row(base + "_chunk").peak_bytes / res.row(base).peak_bytes
-                print(f"output layer in chunks, {res.case.name}: {base}_chunk/{base} step time {t:.2f}, "
-                      f"peak memory {mem:.2f}")
-        if {"oblr_ckpt_chunk", "grpo_ckpt_chunk"} <= names:
-            t = (statistics.median(res.row("oblr_ckpt_chunk").times)
-                 / statistics.median(res.row("grpo_ckpt_chunk").times))
-            mem = res.row("oblr_ckpt_chunk").peak_bytes / res.row("grpo_ckpt_chunk").peak_bytes
-            print(f"both chunked, {res.case.name}: oblr_ckpt_chunk/grpo_ckpt_chunk step time {t:.2f}, "
-                  f"peak memory {mem:.2f}")
+        for num, den, what in pairs:
+            if {num, den} <= names:
+                t = statistics.median(res.row(num).times) / statistics.median(res.row(den).times)
+                mem = res.row(num).peak_bytes / res.row(den).peak_bytes
+                print(f"{what}, {res.case.name}: {num}/{den} step time {t:.2f}, peak memory {mem:.2f}")
     return 0
 
 

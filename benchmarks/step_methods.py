@@ -26,6 +26,7 @@ Methods (see docs/performance.md):
   two-pass engine, :class:`oblr.gradnorm.TwoPassBookKeeper`); compare ``oblr_ckpt`` with ``grpo_ckpt``;
 - ``oblr_recompute``: ``oblr_ckpt`` on the recompute engine (``algorithm.checkpointed_engine=recompute``,
   :class:`oblr.gradnorm.RecomputeBookKeeper`): one backward, no gradient pass, per-row contributions kept;
+  ``oblr_recompute_chunk`` the same with the output layer in chunks;
 - ``grpo_ckpt_chunk`` / ``oblr_ckpt_chunk``: the same with the output layer applied ``LOGIT_CHUNK`` positions
   at a time (``model.logit_chunk_tokens``, :func:`oblr.logprobs.chunked_response_logprobs`);
 - ``oblr_auto``: ``oblr`` plus one step of the ``auto`` lr schedule (:mod:`oblr.step_scale`: buffer
@@ -192,6 +193,12 @@ def step_oblr(ctx: Ctx):
 def step_oblr_recompute(ctx: Ctx):
     return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
                                       _settings(ctx, "oblr", True, engine="recompute")).per_prompt_sq_norms
+
+
+def step_oblr_recompute_chunk(ctx: Ctx):
+    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
+                                      _settings(ctx, "oblr", True, logit_chunk=LOGIT_CHUNK, engine="recompute")) \
+        .per_prompt_sq_norms
 
 
 def step_grpo_chunk(ctx: Ctx):
@@ -417,6 +424,8 @@ def methods() -> list[Method]:
                "positions (model.logit_chunk_tokens)", _checkpointing_on, _checkpointing_off),
         Method("oblr_ckpt_chunk", step_oblr_chunk, f"oblr_ckpt with the output layer in chunks of {LOGIT_CHUNK} "
                "positions (model.logit_chunk_tokens)", _checkpointing_on, _checkpointing_off),
+        Method("oblr_recompute_chunk", step_oblr_recompute_chunk, f"oblr_recompute with the output layer in chunks "
+               f"of {LOGIT_CHUNK} positions", _checkpointing_on, _checkpointing_off),
         Method("oblr_auto", auto, "OBLR-PO as oblr + the auto lr schedule's step (oblr.step_scale)", auto.setup),
         Method("oblr_ghost", step_oblr_ghost, "OBLR-PO as oblr with norms_method=ghost (ghost norms wherever "
                "the rule allows)"),
