@@ -6,7 +6,8 @@
 1. **exactness** -- on a small Qwen3-shaped model (``EXACT_CASE``: 4 layers, hidden 256, vocab 4096, N = 3
    prompts x G = 4, float32) with Hugging Face non-reentrant activation checkpointing on, one update
    (:func:`oblr.update.accumulate_policy_gradient`, baseline ``oblr``, SNR on) with the two-pass engine
-   (``norms_method=auto``: :class:`oblr.gradnorm.TwoPassBookKeeper`) against the loop reference
+   (``norms_method=auto``: :class:`oblr.gradnorm.TwoPassBookKeeper`), and with the recompute engine
+   (:class:`oblr.gradnorm.RecomputeBookKeeper`, ``algorithm.checkpointed_engine=recompute``), against the loop reference
    (``norms_method=loop``: one backward per sequence), whole batch and with micro-batches of one group.
    Compared, as max relative error: ``w_i``, advantages, ``.grad``, per-prompt norms, V; S relative to
    ``||gbar||^2 = S + V/N`` (S is the difference ``||gbar||^2 - V/N`` and loses the digits that cancel; the
@@ -103,7 +104,8 @@ def _rel(a, b) -> float:
 
 
 def check_exactness(case: Case, device: torch.device, chunk: int = 16) -> dict:
-    """Two-pass engine vs the loop, checkpointing on, float32; whole batch and micro-batches of one group."""
+    """The two-pass and the recompute engines vs the loop, checkpointing on, float32; whole batch and
+    micro-batches of one group; whole and chunked logits."""
     from oblr.snr import snr_factor
 
     model = build_model(case, dtype=torch.float32, device=str(device))
@@ -113,15 +115,18 @@ def check_exactness(case: Case, device: torch.device, chunk: int = 16) -> dict:
     out = {}
     for micro in (0, 1):
         runs = {}
-        for method, c in (("loop", 0), ("auto", 0), ("auto_chunked", chunk)):
-            res = _update(model, batch, rewards, case, baseline="oblr", norms_method=method.split("_")[0],
-                          micro_batch_groups=micro, logit_chunk_tokens=c)
+        for method, c, engine in (("loop", 0, "two_pass"), ("auto", 0, "two_pass"), ("auto_chunked", chunk, "two_pass"),
+                                  ("recompute", 0, "recompute"), ("recompute_chunked", chunk, "recompute")):
+            res = _update(model, batch, rewards, case, baseline="oblr", norms_method=method.split("_")[0].replace(
+                "recompute", "auto"), micro_batch_groups=micro, logit_chunk_tokens=c, checkpointed_engine=engine)
             lr = ETA_MAX * snr_factor(float(res.snr.S), float(res.snr.V), case.n_prompts)
             runs[method] = dict(w=res.estimate.weights.detach(), adv=res.advantages, gk=res.per_prompt_sq_norms,
                                 grad=torch.cat([p.grad.reshape(-1).float() for p in params]),
                                 S=res.snr.S, V=res.snr.V, lr=lr)
         ref = runs["loop"]
-        for name, tag in (("auto", ""), ("auto_chunked", f", output layer in chunks of {chunk}")):
+        for name, tag in (("auto", ""), ("auto_chunked", f", output layer in chunks of {chunk}"),
+                          ("recompute", ", recompute engine"),
+                          ("recompute_chunked", f", recompute engine, output layer in chunks of {chunk}")):
             got = runs[name]
             errs = {k: _rel(got[k], ref[k]) for k in ("w", "adv", "grad", "gk")}
             # S = ||gbar||^2 - V/N is a difference: its error is measured on the scale of ||gbar||^2 = S + V/N,
@@ -226,9 +231,10 @@ def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.d
         chunk = logit_chunk if plan.endswith("_chunk") else 0
         model_plan = plan.removesuffix("_chunk")
         base = "grpo" if plan.startswith("grpo") else "oblr"
-        steps[plan] = (model_plan.endswith("_ckpt"),
+        engine = "recompute" if model_plan == "oblr_recompute" else "two_pass"
+        steps[plan] = (model_plan.endswith(("_ckpt", "_recompute")),
                        partial(_update, model, batch, rewards, case, baseline=base, need_snr=base == "oblr",
-                               logit_chunk_tokens=chunk))
+                               logit_chunk_tokens=chunk, checkpointed_engine=engine))
         _checkpointing(model, steps[plan][0])
         for p in model.parameters():
             p.grad = None
@@ -262,7 +268,7 @@ def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.d
     for row in rows if time_repeats else ():
         row["step_seconds"] = statistics.median(times[row["plan"]])
         row["step_seconds_all"] = times[row["plan"]]
-        twin = "grpo" + row["plan"].removeprefix("oblr")  # oblr_ckpt_chunk -> grpo_ckpt_chunk
+        twin = "grpo" + row["plan"].removeprefix("oblr").replace("_recompute", "_ckpt")  # oblr_ckpt_chunk -> grpo_ckpt_chunk
         if row["plan"].startswith("oblr") and twin in times:
             row["time_vs_grpo"] = row["step_seconds"] / statistics.median(times[twin])
     params = [p for p in model.parameters() if p.requires_grad]
