@@ -4,10 +4,13 @@ A step is what the trainer does (``oblr.trainer.Trainer.train_step``): zero_grad
 accumulation, ``||gbar||^2``, S/V/SNR, the SNR learning rate, gradient clipping, an SGD step (SGD, not
 AdamW, so that the parameter change is proportional to the gradient it checks), and optionally a second
 clipped epoch. ``one_process_step`` is the reference; ``data_parallel_step`` the same on a rank's rows.
+With activation checkpointing a scenario names its exact-norm engine (``engine``: the two-pass or the recompute
+engine); ``engines_used`` records which engines the update core built, so a test can tell that one ran.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -33,8 +36,14 @@ class Scenario:
     epochs: int = 1
     grad_clip: float = 0.0
     bucket_mb: float = 25.0
-    checkpointing: bool = False  # model.activation_checkpointing: the two-pass norm engine
+    checkpointing: bool = False  # model.activation_checkpointing: the checkpointed norm engine below
+    engine: str = "two_pass"  # algorithm.checkpointed_engine: two_pass | recompute (with checkpointing only)
     logit_chunk: int = 0  # model.logit_chunk_tokens: the output layer in chunks
+    steps: int = 1  # steps on the same batch and model, each with a fresh optimizer; the last one is compared
+
+    def __post_init__(self):
+        if self.engine != "two_pass" and not self.checkpointing:
+            raise ValueError(f"scenario {self.name}: engine {self.engine!r} is a checkpointed engine; set checkpointing")
 
     def policy(self, model):
         """``model`` with this scenario's activation checkpointing (non-reentrant) switched on if asked."""
@@ -47,7 +56,31 @@ class Scenario:
     def settings(self) -> UpdateSettings:
         return UpdateSettings(baseline=self.baseline, aggregation=self.aggregation, max_len=self.max_len,
                               need_snr=self.need_snr, micro_batch_groups=self.micro_batch_groups,
-                              kl_coef=self.kl_coef, logit_chunk_tokens=self.logit_chunk)
+                              kl_coef=self.kl_coef, logit_chunk_tokens=self.logit_chunk,
+                              checkpointed_engine=self.engine)
+
+
+#: the engine class the update core builds for a checkpointed scenario's ``engine``
+ENGINE_CLASSES = {"two_pass": "TwoPassBookKeeper", "recompute": "RecomputeBookKeeper"}
+
+
+@contextmanager
+def engines_used():
+    """The class names of the books :func:`oblr.update.accumulate_policy_gradient` builds inside (a list)."""
+    import oblr.update
+
+    made, orig = [], oblr.update.make_book
+
+    def spy(*a, **kw):
+        book = orig(*a, **kw)
+        made.append(type(book).__name__)
+        return book
+
+    oblr.update.make_book = spy
+    try:
+        yield made
+    finally:
+        oblr.update.make_book = orig
 
 
 # fsdp first: the first BookKeeper of the worker process then verifies the RMSNorm rule on DTensor weights
@@ -60,12 +93,19 @@ SCENARIOS = [
              grad_clip=0.05, checkpointing=True),
     Scenario("fsdp-oblr-checkpointing-chunked-logits-kl", "fsdp", max_len=12, kl_coef=0.1, checkpointing=True,
              logit_chunk=3),
+    # the recompute engine: its one backward's contributions, the gradient through fsdp's grad_sink
+    Scenario("fsdp-oblr-recompute-microbatch-kl-2steps", "fsdp", max_len=12, micro_batch_groups=1, kl_coef=0.1,
+             grad_clip=0.05, checkpointing=True, engine="recompute", steps=2),  # FSDP2 ran no ordinary backward
+    Scenario("fsdp-oblr-recompute-chunked-logits-kl", "fsdp", max_len=12, kl_coef=0.1, checkpointing=True,
+             engine="recompute", logit_chunk=3),
     Scenario("ddp-oblr-token_mean", "ddp", aggregation="token_mean", bucket_mb=0.002),
     Scenario("ddp-oblr-microbatch-kl-2epochs", "ddp", max_len=12, micro_batch_groups=1, kl_coef=0.1, epochs=2,
              grad_clip=0.05),
     Scenario("ddp-grpo-plain", "ddp", baseline="grpo", need_snr=False, aggregation="seq_mean"),
     Scenario("ddp-oblr-checkpointing-microbatch-kl", "ddp", max_len=12, micro_batch_groups=1, kl_coef=0.1,
              checkpointing=True),
+    Scenario("ddp-oblr-recompute-microbatch-kl", "ddp", max_len=12, micro_batch_groups=1, kl_coef=0.1,
+             grad_clip=0.05, checkpointing=True, engine="recompute", bucket_mb=0.002),
     Scenario("ddp-grpo-chunked-logits", "ddp", baseline="grpo", need_snr=False, logit_chunk=4),
 ]
 
@@ -113,7 +153,22 @@ def _torch_clip(params, max_norm, grad_sq):
 
 
 def one_process_step(model, ref_model, sc: Scenario, micro_batch_groups: int | None = None) -> dict:
-    """The reference: the whole batch in one process (``micro_batch_groups`` overrides the scenario's)."""
+    """The reference: the whole batch in one process (``micro_batch_groups`` overrides the scenario's);
+    ``sc.steps`` steps, the last one's results."""
+    for _ in range(sc.steps):
+        out = _one_process_step(model, ref_model, sc, micro_batch_groups)
+    return out
+
+
+def data_parallel_step(model, ref_model, sc: Scenario, parallel, rank: int, world: int) -> dict:
+    """The same step on this rank's rows (``model``/``ref_model`` prepared by ``parallel``); ``sc.steps`` steps,
+    the last one's results."""
+    for _ in range(sc.steps):
+        out = _data_parallel_step(model, ref_model, sc, parallel, rank, world)
+    return out
+
+
+def _one_process_step(model, ref_model, sc: Scenario, micro_batch_groups: int | None = None) -> dict:
     import dataclasses
 
     batch, rewards = fixed_batch()
@@ -141,8 +196,7 @@ def one_process_step(model, ref_model, sc: Scenario, micro_batch_groups: int | N
     return out
 
 
-def data_parallel_step(model, ref_model, sc: Scenario, parallel, rank: int, world: int) -> dict:
-    """The same step on this rank's rows (``model``/``ref_model`` prepared by ``parallel``)."""
+def _data_parallel_step(model, ref_model, sc: Scenario, parallel, rank: int, world: int) -> dict:
     from oblr.distributed import clip_grads_, data_parallel_clipped_gradient, data_parallel_gradient
     from oblr.distributed.layout import prompt_slice, row_slice, shard_rows
 

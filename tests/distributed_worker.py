@@ -10,7 +10,7 @@ import sys
 
 import torch
 from conftest import tiny_qwen3
-from distributed_helpers import BF16_SCENARIO, SCENARIOS, data_parallel_step
+from distributed_helpers import BF16_SCENARIO, SCENARIOS, data_parallel_step, engines_used
 from torch.distributed.tensor import DTensor
 
 from oblr.distributed import (
@@ -66,7 +66,9 @@ def main(out_path: str) -> None:
         parallel = make_parallel(sc.mode, bucket_mb=sc.bucket_mb)
         model = parallel.prepare(sc.policy(tiny_qwen3().train()))
         ref = parallel.prepare(tiny_qwen3().requires_grad_(False)) if sc.kl_coef else None
-        out = data_parallel_step(model, ref, sc, parallel, env.rank, env.world_size)
+        with engines_used() as engines:
+            out = data_parallel_step(model, ref, sc, parallel, env.rank, env.world_size)
+        out["engines"] = sorted(set(engines))
         for key in ("grads", "grads2", "params"):
             if key in out:
                 out[key] = [_full(t).detach().clone() for t in out[key]]

@@ -7,11 +7,15 @@ on its rank's half of a fixed batch. Here the same step runs in this process on 
 gradients, parameter updates, per-prompt norms, ||gbar||^2, S, V, SNR, the unclamped signal and the
 learning rate must agree by value within 1e-5 relative, and the N the statistics carry (which the lr
 controller uses) must be the global prompt count. Metrics that are not sums or means (stds) are compared with the one-process step whose
-micro-batches are the ranks' halves (a rank counts as a micro-batch, docs/distributed.md).
+micro-batches are the ranks' halves (a rank counts as a micro-batch, docs/distributed.md). The checkpointed
+scenarios run the engine they name on the ranks and in the reference; the recompute engine's 2-process step
+(the gradient through ddp's ``.grad`` or fsdp's ``grad_sink``) is also compared with the two-pass engine's
+one-process step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -20,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_qwen3
-from distributed_helpers import BF16_SCENARIO, SCENARIOS, N, one_process_step
+from distributed_helpers import BF16_SCENARIO, ENGINE_CLASSES, SCENARIOS, N, engines_used, one_process_step
 
 HERE = Path(__file__).resolve().parents[1]  # tests/: the worker and the shared helpers
 RTOL = 1e-5
@@ -53,7 +57,10 @@ def test_two_process_step_equals_one_process_step(worker_results, sc):
     got = worker_results[sc.name]
     assert got["param_types"] == (["DTensor"] if sc.mode == "fsdp" else ["Parameter"])
     start = [p.detach().clone() for p in tiny_qwen3().parameters()]
-    ref = one_process_step(*_models(sc), sc)
+    with engines_used() as engines:
+        ref = one_process_step(*_models(sc), sc)
+    if sc.checkpointing and (sc.need_snr or sc.baseline == "oblr"):  # the engine the scenario names ran, on both
+        assert got["engines"] == sorted(set(engines)) == [ENGINE_CLASSES[sc.engine]]
     for key in ("grads", "grads2"):
         if key in ref:
             errs = [_rel(a, b) for a, b in zip(got[key], ref[key])]
@@ -78,6 +85,27 @@ def test_two_process_step_equals_one_process_step(worker_results, sc):
         assert abs(S / (S + V / (N // 2)) / (S / (S + V / N)) - 1) > 100 * RTOL
     else:
         assert got["gks"] is None and got["S"] is None and got["n"] is None
+
+
+@pytest.mark.parametrize("sc", [s for s in SCENARIOS if s.engine == "recompute"], ids=lambda s: s.name)
+def test_recompute_engine_on_two_ranks_equals_the_two_pass_engine_in_one_process(worker_results, sc):
+    """The reference computed another way: the two-pass engine (a norm pass, then an ordinary backward) in one
+    process; the ranks' recompute step (one backward, the gradient assembled from its kept contributions) must
+    give its gradient, update, per-prompt norms, S, V and learning rate."""
+    got = worker_results[sc.name]
+    with engines_used() as engines:
+        ref = one_process_step(*_models(sc), dataclasses.replace(sc, engine="two_pass"))
+    assert got["engines"] == ["RecomputeBookKeeper"] and sorted(set(engines)) == ["TwoPassBookKeeper"]
+    assert max(_rel(a, b) for a, b in zip(got["grads"], ref["grads"])) < RTOL
+    assert max(_rel(a, b) for a, b in zip(got["params"], ref["params"])) < RTOL
+    assert _rel(got["grad_sq"], ref["grad_sq"]) < RTOL and _rel(got["gks"], ref["gks"]) < RTOL
+    S, V = float(ref["S"]), float(ref["V"])
+    assert abs(float(got["V"]) - V) <= RTOL * V
+    # S = ||gbar||^2 - V/N is a difference of float32 sums (here S << V/N): measured against its terms' size,
+    # and so are the SNR and the learning rate made from it
+    scale = (abs(S) + V / N) / abs(S)
+    for k in ("S", "snr", "lr"):
+        assert abs(float(got[k]) - float(ref[k])) <= RTOL * scale * abs(float(ref[k])), k
 
 
 @pytest.mark.parametrize("sc", SCENARIOS, ids=lambda s: s.name)

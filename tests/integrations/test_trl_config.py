@@ -47,6 +47,7 @@ BAD = {
     "oblr_lr_schedule": dict(oblr_lr_schedule="cosine"),
     "oblr_schedule_options": dict(oblr_lr_schedule="auto", oblr_schedule_options={"max_chnage": 2.0}),
     "learning_rate": dict(learning_rate=float("inf")),
+    "oblr_checkpointed_engine": dict(activation_checkpointing=True, oblr_checkpointed_engine="one_pass"),
 }
 
 

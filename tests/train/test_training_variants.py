@@ -89,11 +89,23 @@ def test_auto_schedule_options_come_from_the_config_and_the_clip_factor_reaches_
     assert kappa_logged != pytest.approx(kappa_expected / c, rel=1e-2)  # c = 1 is told apart
 
 
+RECOMPUTE = "algorithm.checkpointed_engine=recompute"
+
+
 @pytest.mark.parametrize("extra", [(), ("algorithm.micro_batch_groups=2", "algorithm.kl_coef=0.5"),
-                                   ("model.logit_chunk_tokens=5",)])
-def test_activation_checkpointing_trains_like_the_default(small_builtin, tmp_path, default_run, extra):
+                                   ("model.logit_chunk_tokens=5",), (RECOMPUTE,),
+                                   (RECOMPUTE, "algorithm.micro_batch_groups=2", "algorithm.kl_coef=0.5")])
+def test_activation_checkpointing_trains_like_the_default(small_builtin, tmp_path, default_run, extra, monkeypatch):
+    """Each step runs the engine algorithm.checkpointed_engine names (the two-pass one by default; the update
+    core's books are recorded), and step 1 equals the default run's where the objective is the same."""
+    import oblr.update
+
+    made, make_book = [], oblr.update.make_book
+    monkeypatch.setattr(oblr.update, "make_book", lambda *a, **kw: made.append(make_book(*a, **kw)) or made[-1])
     rows = _train(small_builtin, tmp_path / "run", "model.activation_checkpointing=true", *extra)
     assert [r["step"] for r in rows] == [1, 2]
-    if extra in ((), ("model.logit_chunk_tokens=5",)):  # step 1: the same rollouts, so the same weights, norms,
-        #                                                    S, V, gradient, loss and entropy as without it
+    engine = "RecomputeBookKeeper" if RECOMPUTE in extra else "TwoPassBookKeeper"
+    assert made and {type(b).__name__ for b in made} == {engine}
+    if "algorithm.kl_coef=0.5" not in extra:  # step 1: the same rollouts, so the same weights, norms, S, V,
+        #                                       gradient, loss and entropy as without it
         _same_step1(default_run[0], rows[0], STEP1, rel=1e-5)

@@ -17,10 +17,16 @@ Added fields (everything else is TRL's, used exactly as in ``GRPOConfig``):
   norms it needs ``activation_checkpointing=True``. TRL's own log-prob passes (old and reference log-probs
   when it computes them) are TRL's and keep whole logits.
 
+- ``oblr_checkpointed_engine`` (default ``"two_pass"``): the exact-norm engine with activation checkpointing on
+  (``algorithm.checkpointed_engine`` of ``oblr train``, :data:`oblr.gradnorm.CHECKPOINTED_ENGINES`): ``two_pass``
+  (:class:`oblr.gradnorm.TwoPassBookKeeper`, nothing kept per layer, a second backward) or ``recompute``
+  (:class:`oblr.gradnorm.RecomputeBookKeeper`, one backward, up to B x the trainable parameters of float32
+  per-row gradients kept: LoRA and small models); another value needs ``activation_checkpointing=True``.
+
 Activation checkpointing (``activation_checkpointing=True``, or its deprecated alias ``gradient_checkpointing``) is
 accepted non-reentrant: ``use_reentrant=False`` is added to ``activation_checkpointing_kwargs`` when not given, and
-``use_reentrant=True`` is refused; the update core then runs on the two-pass norm engine
-(:class:`oblr.gradnorm.TwoPassBookKeeper`). It stays off by default (TRL turns it on), since it costs recomputation.
+``use_reentrant=True`` is refused; the update core then runs on the engine ``oblr_checkpointed_engine`` names
+(the two-pass norm engine by default). It stays off by default (TRL turns it on), since it costs recomputation.
 
 Defaults that differ from ``GRPOConfig`` are the compatible values (``loss_type="dr_grpo"``,
 ``scale_rewards="none"``, ``lr_scheduler_type="constant"``, ``router_aux_loss_coef=0.0``) and
@@ -40,6 +46,7 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from oblr.estimators import available_estimators
+from oblr.gradnorm.methods import CHECKPOINTED_ENGINES
 from oblr.schedules import check_schedule_options, schedule_options
 
 #: schedules oblr can apply inside TRL (both need the step's S and V); others are TRL's own lr_scheduler_type
@@ -134,7 +141,7 @@ RULES: tuple[Rule, ...] = (
     Rule("activation_checkpointing_kwargs", lambda c: not c.activation_checkpointing
          or (c.activation_checkpointing_kwargs or {}).get("use_reentrant") is not True,
          "use_reentrant=False (the default oblr sets when it is not given)",
-         "reentrant checkpointing recomputes layers outside autograd's graph, where the two-pass norm engine "
+         "reentrant checkpointing recomputes layers outside autograd's graph, where the checkpointed norm engines "
          "cannot see them"),
     Rule("fp16", lambda c: not c.fp16, "bf16=True or float32",
          "oblr writes unscaled gradients, which fp16 loss scaling would divide again"),
@@ -175,8 +182,14 @@ RULES: tuple[Rule, ...] = (
     Rule("oblr_logit_chunk_tokens", lambda c: not c.oblr_logit_chunk_tokens or bool(c.activation_checkpointing)
          or not (c.oblr_snr_lr or _weights(c.oblr_baseline) == "exact"),
          "activation_checkpointing=True with it (or oblr_logit_chunk_tokens=0)",
-         "with exact norms the chunked output layer needs the two-pass engine (the one-pass engine keeps every "
+         "with exact norms the chunked output layer needs a checkpointed engine (the one-pass engine keeps every "
          "chunk's logit gradients anyway)"),
+    Rule("oblr_checkpointed_engine", lambda c: c.oblr_checkpointed_engine in CHECKPOINTED_ENGINES.names(),
+         f"one of {', '.join(CHECKPOINTED_ENGINES.names())}", "it is not a checkpointed exact-norm engine"),
+    Rule("oblr_checkpointed_engine", lambda c: c.oblr_checkpointed_engine == "two_pass"
+         or bool(c.activation_checkpointing),
+         "activation_checkpointing=True with it (or oblr_checkpointed_engine='two_pass')",
+         "it is the exact-norm engine used with activation checkpointing, which is off"),
 )
 
 
@@ -228,6 +241,10 @@ class OBLRGRPOConfig(GRPOConfig):
         "help": "apply the output layer this many positions at a time in the update, each chunk recomputed in "
                 "the backward (no [B, T, vocab] logits held; 0 = whole logits; with exact norms needs "
                 "activation_checkpointing=True)"})
+    oblr_checkpointed_engine: str = field(default="two_pass", metadata={
+        "help": "exact-norm engine with activation_checkpointing=True: two_pass (nothing kept per layer, a second "
+                "backward) or recompute (one backward; keeps up to B x the trainable parameters of float32 "
+                "per-row gradients: LoRA and small models)"})
 
     # TRL defaults replaced by the compatible values
     loss_type: str = field(default="dr_grpo", metadata={"help": "must be dr_grpo (constant normalisation)"})

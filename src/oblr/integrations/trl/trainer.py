@@ -251,9 +251,9 @@ class OBLRGRPOTrainer(GRPOTrainer):
     @contextmanager
     def _oblr_core_model(self):
         """The unwrapped model the update core runs on. With activation checkpointing on (never with ZeRO-3, refused
-        in ``__init__``) it is the model as it is, checkpointing included, so the core picks the two-pass engine
-        (:func:`oblr.gradnorm.make_book`); TRL's ``unwrap_model_for_generation`` would switch checkpointing off
-        inside and re-enable it without its kwargs. Otherwise TRL's context (under ZeRO-3 it gathers the weights)."""
+        in ``__init__``) it is the model as it is, checkpointing included, so the core picks the checkpointed engine
+        ``oblr_checkpointed_engine`` names (:func:`oblr.gradnorm.make_book`); TRL's ``unwrap_model_for_generation``
+        would switch checkpointing off inside and re-enable it without its kwargs. Otherwise TRL's context (under ZeRO-3 it gathers the weights)."""
         if self.args.activation_checkpointing:
             yield self.accelerator.unwrap_model(self.model_wrapped)
             return
@@ -271,7 +271,8 @@ class OBLRGRPOTrainer(GRPOTrainer):
         settings = UpdateSettings(baseline=self.args.oblr_baseline, temperature=self.temperature, top_p=self.top_p,
                                   kl_coef=float(self.beta), micro_batch_groups=max(1, self.args.per_device_train_batch_size // G),
                                   need_snr=self.args.oblr_snr_lr, assemble_grad=self._oblr_fold,
-                                  logit_chunk_tokens=self.args.oblr_logit_chunk_tokens)
+                                  logit_chunk_tokens=self.args.oblr_logit_chunk_tokens,
+                                  checkpointed_engine=self.args.oblr_checkpointed_engine)
         n_prompts = self.args.generation_batch_size // G
         with self._oblr_core_model() as model:
             res = accumulate_policy_gradient(model, batch, batch.rewards, settings, seq_scale=batch.seq_scale,
