@@ -49,6 +49,7 @@ def reading(rows: list[dict]) -> str:
     ckpt = lambda r: r["plan"].endswith("_ckpt")  # noqa: E731
     micro = [r for r in rows if "micro-batches" in r["case"]]
     pair = [r for r in rows if r["plan"] == "oblr_ckpt" and r["base"] == "grpo_ckpt"]
+    rec = [r for r in rows if r["plan"] == "oblr_recompute" and r["base"] == "grpo_ckpt"]
     text = [
         "Reading (measured / model, per row above). The model assumes step time proportional to FLOPs. For the "
         f"one-pass `oblr` step with whole batches measured/model is {span(whole)}: it gets the regimes right "
@@ -63,12 +64,12 @@ def reading(rows: list[dict]) -> str:
         "backward over the vocabulary for every token, RMSNorm, rotary, activations, allocation -- part of which "
         "every plan pays once; that part pulls the measured ratios towards 1.",
     ]
-    if pair:
-        def at(r):  # "T = 32+992, vocab 4096"
-            parts = r["case"].split("; ")
-            vocab = next((p.split("vocab ")[1].split(" ")[0] for p in parts if "vocab " in p), None)
-            return (parts[1] if len(parts) > 1 else r["case"]) + (f", vocab {vocab}" if vocab else "")
+    def at(r):  # "T = 32+992, vocab 4096"
+        parts = r["case"].split("; ")
+        vocab = next((p.split("vocab ")[1].split(" ")[0] for p in parts if "vocab " in p), None)
+        return (parts[1] if len(parts) > 1 else r["case"]) + (f", vocab {vocab}" if vocab else "")
 
+    if pair:
         each = "; ".join(f"{r['predicted']:.2f} predicted, {r['measured']:.2f} measured at {at(r)}" for r in pair)
         text.append(f"The checkpointed OBLR-PO step against the checkpointed GRPO step (`oblr_ckpt` / `grpo_ckpt`): "
                     f"{each}.")
@@ -78,6 +79,13 @@ def reading(rows: list[dict]) -> str:
                         "response, the larger vocabulary, whose log-softmax every plan pays) and matches within "
                         "10 % where the products dominate: the measured ratio approaches the FLOP ratio as T "
                         "grows relative to the vocabulary.")
+    if rec:
+        each = "; ".join(f"{r['predicted']:.2f} predicted, {r['measured']:.2f} measured at {at(r)}" for r in rec)
+        text.append(f"The recompute engine against the checkpointed GRPO step (`oblr_recompute` / `grpo_ckpt`): "
+                    f"{each} (measured/model {span(lambda r: r in rec)}). Its extra FLOPs are small: the per-row "
+                    "products of the one-pass engine replace the weight-gradient products, and its recomputation is "
+                    "whole where GRPO's stops before a layer's last product; no second backward. The measured "
+                    "ratios follow the FLOP ratio to within the noise of this machine.")
     if micro:
         r = micro[0]
         text.append(f"The micro-batched case goes the other way ({r['measured']:.2f} measured, {r['predicted']:.2f} "
@@ -93,12 +101,16 @@ def projection_note(group: int = PROJ_G) -> str:
     kw = dict(attn_factor=0.5, factor_bytes=2)
     ck = [fm.time_ratio(s, "oblr_ckpt", group, t, group, base="grpo_ckpt", **kw)
           for s in mm.QWEN3.values() for t in PROJ_TOKENS]
+    rc = [fm.time_ratio(s, "oblr_recompute", group, t, group, base="grpo_ckpt", **kw)
+          for s in mm.QWEN3.values() for t in PROJ_TOKENS]
     one = {(n, t): fm.time_ratio(s, "oblr", group, t, group, **kw) for n, s in mm.QWEN3.items() for t in PROJ_TOKENS}
     worst = max(one, key=one.get)
     return (f"The checkpointed OBLR-PO step projects to {min(ck):.2f}-{max(ck):.2f}x a checkpointed GRPO step: one "
             "forward and one activation-only backward more (the norm pass recomputes every layer, the gradient pass "
             "recomputes it again). By FLOPs that is above the 1.5x goal of issue 26 (the CPU cases above measured "
-            "it at or below its FLOP ratio). Without checkpointing the one-pass engine adds little at long responses; where it "
+            f"it at or below its FLOP ratio). The recompute engine projects to {min(rc):.2f}-{max(rc):.2f}x a "
+            "checkpointed GRPO step (the one-pass engine's extra work below plus a whole recomputation); what it "
+            "pays instead is memory, the kept per-row gradients (the memory projection above). Without checkpointing the one-pass engine adds little at long responses; where it "
             "adds more, it is its keep-dense rule in bf16: a per-row gradient is kept dense only when its float32 "
             "size is at most the bf16 factors' (`T >= 2RC/(R+C)`), and below that a weight's per-row norms cost a "
             f"ghost Gram or a second product (largest: {worst[0]} at {worst[1]} tokens, {one[worst]:.2f}x).")
@@ -159,8 +171,7 @@ def comparison_rows(tables: list[dict]) -> list[dict]:
         s, B, T, G = case_shape(t["case"])
         rows = t["rows"]
         pairs = [(p, "grpo") for p in mm.PLANS if p in rows and p != "grpo"]
-        if "oblr_ckpt" in rows and "grpo_ckpt" in rows:
-            pairs.append(("oblr_ckpt", "grpo_ckpt"))
+        pairs += [(p, "grpo_ckpt") for p in ("oblr_ckpt", "oblr_recompute") if p in rows and "grpo_ckpt" in rows]
         for plan, base in pairs:
             measured = rows[plan][0] / rows[base][0]
             pred = fm.time_ratio(s, plan, B, T, G, base=base)
@@ -183,14 +194,16 @@ def comparison_table(rows: list[dict]) -> str:
 def projection_table(tokens=PROJ_TOKENS, group: int = PROJ_G) -> str:
     kw = dict(attn_factor=0.5, factor_bytes=2)
     out = ["| model | response tokens | oblr / grpo | grpo_ckpt / grpo | oblr_ckpt / grpo_ckpt | oblr_ckpt / grpo | "
-           "grpo TFLOP per sequence |", "|---|---:|---:|---:|---:|---:|---:|"]
+           "oblr_recompute / grpo_ckpt | oblr_recompute / grpo | grpo TFLOP per sequence |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, s in mm.QWEN3.items():
         for t in tokens:
             r = {p: fm.time_ratio(s, p, group, t, group, **kw) for p in mm.PLANS}
             ck = fm.time_ratio(s, "oblr_ckpt", group, t, group, base="grpo_ckpt", **kw)
+            rc = fm.time_ratio(s, "oblr_recompute", group, t, group, base="grpo_ckpt", **kw)
             tf = fm.total_flops(s, "grpo", group, t, group, **kw) / group / 1e12
             out.append(f"| {name} | {t} | {r['oblr']:.2f} | {r['grpo_ckpt']:.2f} | {ck:.2f} | {r['oblr_ckpt']:.2f} "
-                       f"| {tf:.1f} |")
+                       f"| {rc:.2f} | {r['oblr_recompute']:.2f} | {tf:.1f} |")
     return "\n".join(out)
 
 
@@ -201,7 +214,7 @@ def render(tables: list[dict]) -> str:
         "## Step time from FLOP counts (`oblr.flop_model`)", "",
         "Generated by `python benchmarks/flop_ratios.py --doc docs/scale.md` (this section only; "
         "`benchmarks/memory.py --doc` keeps it). FLOPs as `torch.utils.flop_counter` counts them (matrix products "
-        "and attention; the model matches the counter on real steps of tiny Qwen3 models for all four plans, "
+        "and attention; the model matches the counter on real steps of tiny Qwen3 models for all five plans, "
         "tests/core/test_flop_model.py); a predicted time ratio is a FLOP ratio.", "",
         "### FLOP-predicted against measured step-time ratios (CPU, committed step_cost tables)", "",
         "Measured: median step time of the plan over the base's, from the table named in the first column "

@@ -1,18 +1,20 @@
 """Peak memory of one update step measured on CPU against ``oblr.memory_model``, then projected to Qwen3.
 
-    python benchmarks/memory.py            # 7 cases x 4 methods, 4 of them also chunked (~3 minutes) + projections
-    python benchmarks/memory.py --quick    # 2 small cases, measured vs predicted (well under 3 minutes)
+    python benchmarks/memory.py            # 7 cases x 5 methods, 4 of them also 3 chunked (~30 s) + projections
+    python benchmarks/memory.py --quick    # 2 small cases, measured vs predicted (a few seconds)
     python benchmarks/memory.py --out benchmarks/results/memory --doc docs/scale.md   # write both
 
-Measurement: ``step_cost.run_case`` with no timed repeats (its warm-up call runs under ``torch.profiler``
+Measurement (:func:`measure`): ``step_cost.run_case``'s warm-up call, one per method, under ``torch.profiler``
 with memory events; the peak is torch's CPU tensor memory above what was live at the call's start, so the
-model, optimizer state and batch are excluded and gradients are included), for the methods ``grpo``,
-``oblr`` (one-pass book-keeping), ``grpo_ckpt`` and ``oblr_ckpt`` (activation checkpointing; two-pass
-engine) of ``step_methods``, and on :data:`CHUNK_CASES` also ``grpo_ckpt_chunk`` / ``oblr_ckpt_chunk`` (the output
-layer in chunks). Cases are random-init Qwen3-shaped float32 models (4 heads, 2 KV heads, MLP
-3x hidden, tied embeddings), B = 2 prompts x 2 samples, a 16-token prompt. Prediction:
-``oblr.memory_model.step_peak_bytes`` for the same shape, B and padded length. Projections are the model
-only (no GPU was used): per-sequence peak and the largest micro-batch per 80 GB GPU under FSDP2 over 8 GPUs.
+model, optimizer state and batch are excluded and gradients are included (the previous method's gradients
+are freed before the profiler starts). Methods of ``step_methods``: ``grpo``, ``oblr`` (one-pass
+book-keeping), ``grpo_ckpt``, ``oblr_ckpt`` (activation checkpointing; two-pass engine) and
+``oblr_recompute`` (checkpointing; recompute engine), and on :data:`CHUNK_CASES` also ``grpo_ckpt_chunk`` /
+``oblr_ckpt_chunk`` / ``oblr_recompute_chunk`` (the output layer in chunks). Cases are random-init
+Qwen3-shaped float32 models (4 heads, 2 KV heads, MLP 3x hidden, tied embeddings), B = 2 prompts x 2
+samples, a 16-token prompt. Prediction: ``oblr.memory_model.step_peak_bytes`` for the same shape, B and
+padded length. Projections are the model only (no GPU was used): per-sequence peak and the largest
+micro-batch per 80 GB GPU under FSDP2 over 8 GPUs.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ DOC_FOOTER = """## Choosing a plan under a budget
 
 `oblr train algorithm.memory_plan=auto algorithm.memory_budget_gb=80` lets the trainer choose, from this
 memory model and before the weights load, whether activation checkpointing is on (for the exact-norm path:
-the one-pass `BookKeeper` or the two-pass `TwoPassBookKeeper`) and the micro-batch
+the one-pass `BookKeeper`, the recompute `RecomputeBookKeeper` or the two-pass `TwoPassBookKeeper`) and the
+micro-batch
 (`algorithm.micro_batch_groups`), and logs it once at the start of the run (also in `summary.json` as
 `memory_plan`). For Qwen3-4B in bf16 with AdamW in one process (N = 8 prompts of up to 256 tokens, G = 8,
 `rollout.max_new_tokens=1024`) the planner's output (computed, not run) is
@@ -46,7 +49,7 @@ the one-pass `BookKeeper` or the two-pass `TwoPassBookKeeper`) and the micro-bat
     [oblr] plan: two-pass, micro-batch 1 group (8 sequences of 1280 tokens), predicted peak 58.2 GB of 80 per device (algorithm.memory_budget_gb; resident 24.1 GB)
 
 and with 4096 new tokens it refuses: `no plan fits 80 GB per device (algorithm.memory_budget_gb): one group
-of 8 sequences of 4352 tokens needs one-pass 333 GB, two-pass 138 GB; the smallest budget that works is
+of 8 sequences of 4352 tokens needs one-pass 333 GB, recompute 236 GB, two-pass 138 GB; the smallest budget that works is
 138.2 GB (with the output layer in chunks, model.logit_chunk_tokens=512, two-pass needs 54 GB: docs/scale.md)`
 (the hint appears when chunking is off and would fit). The micro-batch is counted in whole prompt groups (a group's G sequences share one backward, for
 its norm `||g_k||^2`), and at such lengths the float32 logit-sized tensors of one group dominate. With the
@@ -71,14 +74,15 @@ first step against the default run's). What it costs and needs:
 
 - time: one more output-layer product per recomputation (the chunk's forward again), measured in
   docs/performance.md (step_cost case 8);
-- memory with exact norms: the two-pass engine cannot reduce a chunk's contribution to the Grams on its own
-  (a row's output-layer gradient is the sum over its chunks), so it keeps one float32 per-row sum of the
+- memory with exact norms: the checkpointed engines cannot reduce a chunk's contribution on its own (a
+  row's output-layer gradient is the sum over its chunks), so each keeps one float32 per-row sum of the
   output layer's gradient, `B x vocab x hidden` (1.56 GB per sequence for Qwen3-4B) when the output layer is
   trained (not with LoRA). Below a few thousand tokens that can exceed what chunking saves: the planner
   predicts both, so compare the plan lines with and without it;
-- exact norms need the two-pass engine: `model.logit_chunk_tokens` with the one-pass engine (no
-  checkpointing, `memory_plan=one_pass`, or the loop reference `algorithm.norms_method=loop`) is refused in
-  one line, and `memory_plan=auto` then plans two-pass only; a baseline weighted by the logits themselves
+- exact norms need a checkpointed engine (two-pass or recompute): `model.logit_chunk_tokens` with the
+  one-pass engine (no checkpointing, `memory_plan=one_pass`, or the loop reference
+  `algorithm.norms_method=loop`) is refused in one line, and `memory_plan=auto` then plans the checkpointed
+  engines only; a baseline weighted by the logits themselves
   (`otb_proxy`) is refused too;
 - models: the causal-LM classes whose forward returns the output layer's result unchanged (model types
   qwen3, qwen2, llama, mistral, smollm3); any other model type is refused before the weights load, and a
@@ -87,13 +91,13 @@ first step against the default run's). What it costs and needs:
 
 | key | values | meaning |
 |---|---|---|
-| `algorithm.memory_plan` | `none` (default), `auto`, `one_pass`, `two_pass` | `none`: no planning, `model.activation_checkpointing` and `algorithm.micro_batch_groups` as given (the default run is unchanged, bit for bit). `auto`: the planner chooses the engine and the micro-batch. `one_pass` / `two_pass`: that engine, the micro-batch chosen; `two_pass` turns `model.activation_checkpointing` on itself |
+| `algorithm.memory_plan` | `none` (default), `auto`, `one_pass`, `recompute`, `two_pass` | `none`: no planning, `model.activation_checkpointing`, `algorithm.checkpointed_engine` and `algorithm.micro_batch_groups` as given (the default run is unchanged, bit for bit). `auto`: the planner chooses the engine and the micro-batch. `one_pass` / `recompute` / `two_pass`: that engine, the micro-batch chosen; `recompute` and `two_pass` turn `model.activation_checkpointing` on themselves and set `algorithm.checkpointed_engine` |
 | `algorithm.memory_budget_gb` | unset (default) or > 0 | memory per device (per rank), decimal GB. Unset with a plan: the free memory of the CUDA device before the model loads; on CPU a plan needs it |
 
 The names are the registry `oblr.train.plan.MEMORY_PLANS` (the one registry pattern, so `oblr train --help`,
-`oblr tasks` and the refusals list them). `one_pass`/`two_pass` name the two exact-norm engines of
+`oblr tasks` and the refusals list them). `one_pass`/`recompute`/`two_pass` name the three exact-norm engines of
 docs/gradnorm.md; the key is `memory_plan` rather than `plan` because it decides memory only, never the
-numbers: both engines and every micro-batch split give the same step (the tests compare them).
+numbers: every engine and every micro-batch split give the same step (the tests compare them).
 
 **The rule.** The predicted peak of a device is its resident state plus `step_peak_bytes` of one
 micro-batch of `groups x G` sequences of `longest prompt + rollout.max_new_tokens` tokens (the prompts are
@@ -101,23 +105,27 @@ counted with the model's tokenizer, every training prompt). Resident: the parame
 optimizer's state (AdamW two moments in that dtype, SGD with momentum one), twice the parameters with a KL
 reference model; under `distributed.strategy=fsdp` their `1/world` share plus the gathered layers of
 `resident_bytes`. Among the allowed engines the planner takes the **largest micro-batch that fits** (at most
-the rank's `N / world` groups, and at most a `micro_batch_groups` the user set), and on a tie **no
-checkpointing** (no recomputation, no second pass). So a generous budget gives the one-pass engine on the
-whole batch, a tighter one the two-pass engine, a tighter one a smaller micro-batch. That order (fewer
-micro-batches before no checkpointing) is a rule, not a measured optimum: the two-pass engine costs about
-one more backward (docs/performance.md), a halved micro-batch on a GPU usually less than that, unless the
-micro-batches are small.
+the rank's `N / world` groups, and at most a `micro_batch_groups` the user set), and on a tie **the
+cheaper engine**: one-pass (no recomputation), then recompute (one recomputation, no second backward), then
+two-pass (a recomputation and a second backward). So a generous budget gives the one-pass engine on the
+whole batch, a tighter one the recompute engine (its kept per-row gradients are small for LoRA and small
+models, `B x` the trainable weights in float32 per rank at long responses otherwise), a tighter one the
+two-pass engine, a tighter one a smaller micro-batch. That order (fewer micro-batches before fewer passes)
+is a rule, not a measured optimum: the two-pass engine costs about one more backward (docs/performance.md),
+a halved micro-batch on a GPU usually less than that, unless the micro-batches are small.
 
 - **Methods without exact norms** (a baseline without exact weights and a schedule without S, V, e.g.
   `algorithm.baseline=grpo algorithm.lr_schedule=constant`): only the micro-batch is chosen; checkpointing
-  stays as `model.activation_checkpointing` says (`one_pass`/`two_pass` are refused for them).
-- **Checkpointing.** `two_pass` turns checkpointing on; `one_pass` with `model.activation_checkpointing=true`
-  is refused (a contradiction); `auto` with `model.activation_checkpointing=true` chooses among two-pass
-  plans only. A model class whose `supports_gradient_checkpointing` is false is refused for
-  `model.activation_checkpointing=true` and `two_pass`, read off the class that its `config.json` names
-  (no weights); `auto` leaves the two-pass engine out for it.
+  stays as `model.activation_checkpointing` says (`one_pass`/`recompute`/`two_pass` are refused for them).
+- **Checkpointing.** `recompute` and `two_pass` turn checkpointing on; `one_pass` with
+  `model.activation_checkpointing=true` is refused (a contradiction); `auto` with
+  `model.activation_checkpointing=true` chooses among the checkpointed engines (recompute, two-pass) only. A
+  model class whose `supports_gradient_checkpointing` is false is refused for
+  `model.activation_checkpointing=true`, `recompute` and `two_pass`, read off the class that its
+  `config.json` names (no weights); `auto` leaves the checkpointed engines out for it.
 - **Distributed.** The budget is per rank. Under `fsdp` the resident state is the rank's shard plus the
-  gathered layers, and both engines are planned (checkpointing works with FSDP2: docs/distributed.md);
+  gathered layers, and every engine is planned (checkpointing works with FSDP2: docs/distributed.md; the
+  recompute engine's kept per-row gradients are whole on every rank, not sharded);
   under `ddp` each rank holds the whole resident state.
 - **Refusals** (one line, exit status 2, before the weights load): a plan name that does not exist; a
   budget of 0 or below; a budget with `memory_plan: none`; a budget below the model's own resident state
@@ -139,24 +147,40 @@ the tables by hand. The first table is a measurement (torch's CPU
 allocator, float32, small random-init Qwen3-shaped models) against the memory model
 `oblr.memory_model`; the second is the model's projection only.
 
-What is measured: the peak of one update step (`step_cost.run_case`'s profiled warm-up call) above what was
-live before it (model, AdamW state, batch excluded; gradients included), for `grpo`, `oblr` (one-pass
-`BookKeeper`), `grpo_ckpt` and `oblr_ckpt` (Hugging Face non-reentrant activation checkpointing; the
-two-pass `TwoPassBookKeeper`), B = 2 prompts x 2 samples, a 16-token prompt, 4 heads / 2 KV heads, MLP 3x
-hidden, vocab 2048, tied embeddings.
+The exact-norm plans: `oblr`, the one-pass `BookKeeper` (no checkpointing; keeps each hooked module's
+activations); with activation checkpointing, `oblr_ckpt`, the two-pass `TwoPassBookKeeper` (a norm pass and
+a gradient pass; keeps nothing per layer), and `oblr_recompute`, the `RecomputeBookKeeper` (one
+activation-gradient backward; keeps each recomputed layer's per-row gradients, or their factors where
+smaller, until the assembly: up to B x the trainable weights in float32, not sharded under FSDP2). The
+planner (`algorithm.memory_plan=auto`, last section) chooses among them from this model.
 
-The `*_chunk` rows are `grpo_ckpt` / `oblr_ckpt` with the output layer in chunks of 128 positions
-(`model.logit_chunk_tokens`, section below), measured on four of the cases.
+What is measured: the peak of one update step (`step_cost.run_case`'s profiled warm-up call, one per method)
+above what was live before it (model, AdamW state, batch excluded; gradients included), for `grpo`, `oblr`,
+`grpo_ckpt`, `oblr_ckpt` and `oblr_recompute` (Hugging Face non-reentrant activation checkpointing for the
+last three), B = 2 prompts x 2 samples, a 16-token prompt, 4 heads / 2 KV heads, MLP 3x hidden, vocab 2048,
+tied embeddings. The previous method's gradients are freed before the profiler starts: freed inside it,
+their release was counted (the profiler knew their size from the previous profiled call) and lowered every
+row after `grpo` by the gradients' size, `4 P` bytes (0.8-8 MiB here), in the tables before this one.
+
+The `*_chunk` rows are `grpo_ckpt` / `oblr_ckpt` / `oblr_recompute` with the output layer in chunks of 128
+positions (`model.logit_chunk_tokens`, section below), measured on four of the cases.
 
 What the model assumes (docstring of `oblr/memory_model.py`): activations per token per layer counted from
 the tensors a Hugging Face Qwen3 layer saves (GRPO `6h + 7q + 6kv + 4I`; one pass `10h + 5q + 4kv + 4I`, of
 which `4h` is calibrated on these measurements; checkpointed: the layer input `h` plus one recomputed
 layer), the `[B, 1, T, T]` attention mask Hugging Face builds for a padded batch (once: every layer's sdpa
 attention keeps the same tensor; found by listing the tensors a layer saves), attention kernels that keep
-no other `T x T` matrix, 5 float32 logit-sized tensors at the start of the backward (4 for the one pass;
-the two-pass norm pass keeps 4 when tied), and the larger of the step's phases. It leaves out the one-pass
-engine's kept-dense conversion (never larger than the factors it replaces), chunked assembly work,
-fragmentation and memory outside torch's allocator.
+no other `T x T` matrix, 5 float32 logit-sized tensors at the start of the backward (4 for the one pass
+and the recompute engine; the two-pass norm pass keeps 4 when tied), and the larger of the step's phases.
+For `oblr_recompute` (all terms derived, not calibrated): the kept contributions per trainable weight, the
+smaller of the float32 per-row gradients `4 B R C` and the factors `B T (R + C)` in the activation dtype
+(`contrib.keep_dense`; the input shared by q/k/v and by gate/up counted once), the norm weights' per-row
+gradients, the output layer's (tied: with the embedding's token ids) or, in chunks, its float32 per-row sum
+`4 B V h`; its phases are the start of the backward (4 logit-sized tensors), the bottom layer's backward (one
+recomputed layer, the logits, the contributions of the layers above), the entropy after the backward (the
+logits and 3 temporaries, the contributions; the activations freed) and the assembly (the contributions and
+the gradients). It leaves out the one-pass engine's kept-dense conversion (never larger than the factors it
+replaces), chunked assembly work, fragmentation and memory outside torch's allocator.
 
 Projection assumptions (not measured): Qwen3 shapes from the public Hugging Face configs as remembered
 here (0.6B: 28 layers, hidden 1024, MLP 3072, 16/8 heads; 1.7B: 28, 2048, 6144, 16/8; 4B: 36, 2560,
@@ -183,20 +207,32 @@ logits and 11.1 (GRPO) / 13.0 (OBLR-PO) GiB with chunks of 512; Qwen3-8B the sam
 26.2 GiB. The FSDP2 projection over 8 GPUs below was not run. The script's CPU path (`--dry-run`, tiny
 shapes) runs in the test suite (tests/scripts/test_gpu_memory_check.py).
 
-Where the model misses: at short responses and the widest case (hidden 256, T = 16+256) the checkpointed
-plans measure ~18 % below the prediction: there the peak is the start of the backward, and fewer than the 5
-(two-pass norm pass: 4) logit-sized tensors assumed are live at once. Every row outside 15 % is an
-over-prediction (the safe side for the planner). With the output layer in chunks the logits no longer hide
+Where the model misses: every row is within 15 %. The largest over-predictions are the two-pass rows with
+whole logits at hidden 128 (0.88-0.89: fewer than the 5 logit-sized tensors assumed are live at once at the
+start of the backward); before the previous method's gradients were freed outside the profiler, the widest
+short case (hidden 256, T = 16+256) read ~18 % below the prediction for the checkpointed plans, most of which
+was that gradient term. The `oblr_recompute` rows measure 0.92-1.02 (chunked 0.97-1.02); its bf16 factor
+path and its LoRA terms are not in this table: compared once ad hoc on CPU (bf16 random-init models with
+factors kept for the MLP and the output layer, and LoRA r = 8 on q/k/v/o in float32 and bf16, 3-4 cases
+each), they measured 0.85-1.15. With the output layer in chunks the logits no longer hide
 the backward of the recomputed layers: profiled (torch.profiler memory events), the peak is then inside the
 top layer's MLP backward, where the gradients of its `B x T x intermediate` tensors coexist with the
 recomputed layer; the model does not count those (about `3 x B x T x intermediate` elements, ~2 GB in bf16
 for Qwen3-4B at 8 sequences of 4352 tokens), and it counts the attention mask, which a flash-attention run on
-a GPU does not hold (0.3 GB there); they roughly cancel on these CPU cases. Before the mask was counted, the
+a GPU does not hold (0.3 GB there); on these CPU cases `grpo_ckpt_chunk` measures 0.95-1.02 and
+`oblr_ckpt_chunk` 1.09-1.11 (under-predicted; not profiled). Before the mask was counted, the
 chunked rows at hidden 128, T = 16+1024 measured 1.22-1.32x the prediction. The projected checkpointed peaks
 with whole logits are dominated by the float32 logit-sized tensors (5 x T x 151936 x 4 bytes: 12.4 GB per
 sequence at 4k tokens), so `oblr_ckpt` projects equal to `grpo_ckpt`; with the output layer in chunks of 512
 the per-sequence figures drop to 2-7 GB, and `oblr_ckpt_chunk` pays `vocab x hidden x 4` bytes per sequence
-(1.56 GB for Qwen3-4B) for its per-row sum of the output layer's gradient.
+(1.56 GB for Qwen3-4B) for its per-row sum of the output layer's gradient. `oblr_recompute` pays its kept
+per-row gradients per sequence, whole on every rank: at 1024 tokens in bf16 most weights keep their factors
+(smaller than the float32 per-row gradients below `T = 2RC/(R+C)`, 3150 for Qwen3-4B's q_proj) and it
+projects between the two-pass and one-pass figures; at 4096-8192 tokens its kept per-row gradients approach
+4 bytes per trainable weight per sequence, so at Qwen3-4B and 8B full fine-tuning one or two sequences fit
+per 80 GB GPU (with the output layer in chunks one to four) -- less than one group of G = 8, i.e. no plan
+with whole groups: the two-pass engine (nothing
+kept per layer) is the one that fits there, and the planner prices both.
 """
 
 
@@ -213,8 +249,8 @@ def shape_of(case) -> mm.Shape:
                     case.head_dim or case.hidden // case.heads, case.vocab, case.tied)
 
 
-#: step_methods' chunked-output-layer methods -> (memory-model plan, logit_chunk)
-CHUNK_PLANS = {"grpo_ckpt_chunk": "grpo_ckpt", "oblr_ckpt_chunk": "oblr_ckpt"}
+#: step_methods' chunked-output-layer methods -> memory-model plan
+CHUNK_PLANS = {"grpo_ckpt_chunk": "grpo_ckpt", "oblr_ckpt_chunk": "oblr_ckpt", "oblr_recompute_chunk": "oblr_recompute"}
 #: cases (hidden, layers, response tokens) also measured with the output layer in chunks
 CHUNK_CASES = {(128, 2, 1024), (256, 2, 1024), (128, 4, 512), (128, 2, 256)}
 
@@ -233,22 +269,40 @@ def plans_of(h: int, layers: int, resp: int) -> list[str]:
 
 
 def measure(case, plans=mm.PLANS) -> list[dict]:
-    """One row per plan: measured and predicted peak (bytes) and their ratio."""
+    """One row per plan: measured and predicted peak (bytes) and their ratio.
+
+    The warm-up call of ``step_cost.run_case`` (same model, batch, AdamW state, ``_call`` and ``_peak_bytes``)
+    for each method in ``plans`` (and ``grpo``), except that the previous method's gradients are freed *before*
+    the profiler starts: freed inside it, their release counts as a negative event (the profiler knows their
+    size when an earlier profiled call allocated them) and lowers every later method's peak by the gradients'
+    size, ``4 P`` bytes (measured: exactly that, 8.0 MiB at hidden 256)."""
     import torch
-    from step_cost import run_case
+    from step_cost import _call, _peak_bytes
+    from step_methods import Ctx, build_batch, build_model, methods
 
     torch.set_num_threads(1)
-    res = run_case(case, repeats=0, only=list(plans))
+    model = build_model(case)
+    batch, rewards = build_batch(case)
+    ctx = Ctx(model, batch, rewards, max_len=case.response_len, micro_batch_groups=case.micro_batch_groups)
+    opt = torch.optim.AdamW(ctx.params(), lr=0.0)
+    for p in ctx.params():
+        p.grad = torch.zeros_like(p)
+    opt.step()  # the optimizer state exists before every measurement
     s, b, t = shape_of(case), case.n_prompts * case.group_size, case.prompt_len + case.response_len
-    if res.n_params != mm.n_params(s):
-        raise RuntimeError(f"memory model counts {mm.n_params(s)} parameters, the model has {res.n_params}")
+    n = sum(p.numel() for p in ctx.params())
+    if n != mm.n_params(s):
+        raise RuntimeError(f"memory model counts {mm.n_params(s)} parameters, the model has {n}")
     rows = []
-    for r in res.rows:
-        if r.error:
-            raise RuntimeError(f"{r.method} failed on {case.name}: {r.error}")
-        pred = predicted(s, r.method, b, t)
-        rows.append(dict(case=case, plan=r.method, measured=r.peak_bytes, predicted=pred,
-                         ratio=r.peak_bytes / pred))
+    for m in (m for m in methods() if m.name in plans or m.name == "grpo"):
+        opt.zero_grad(set_to_none=True)
+        try:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+                _call(m, ctx, opt)
+        except Exception as e:  # noqa: BLE001 -- one line naming the method
+            raise RuntimeError(f"{m.name} failed on {case.name}: {type(e).__name__}: {e}") from e
+        peak = _peak_bytes(prof)
+        pred = predicted(s, m.name, b, t)
+        rows.append(dict(case=case, plan=m.name, measured=peak, predicted=pred, ratio=peak / pred))
     return rows
 
 
@@ -270,7 +324,7 @@ PROJECTION_CHUNK = 512
 
 def projection_table(tokens=(1024, 4096, 8192), budget_gb: float = 80.0, world: int = 8) -> str:
     """Per-sequence peak (GiB, bf16 activations, fp32 logits) and the largest micro-batch per GPU."""
-    cols = [(p, p, 0) for p in mm.PLANS] + [(f"{p}_chunk", p, PROJECTION_CHUNK) for p in ("grpo_ckpt", "oblr_ckpt")]
+    cols = [(p, p, 0) for p in mm.PLANS] + [(f"{p}_chunk", p, PROJECTION_CHUNK) for p in ("grpo_ckpt", "oblr_ckpt", "oblr_recompute")]
     out = ["| model | params | resident per GPU (GiB) | response tokens | "
            + " | ".join(f"{c} GiB/seq | {c} max micro-batch" for c, _, _ in cols) + " |",
            "|---|---:|---:|---:|" + "---:|" * (2 * len(cols))]
@@ -318,7 +372,8 @@ def main(argv=None) -> int:
                  "bf16 activations, float32 logits, FSDP2 over 8 GPUs (bf16 sharded params and grads, fp32 AdamW "
                  "state), 80 GB per GPU; T = the response tokens (prompt tokens not added); per-sequence figures "
                  f"exclude the resident state; `*_chunk`: the output layer in chunks of {PROJECTION_CHUNK} positions "
-                 "(for `oblr_ckpt_chunk` the per-row sum of the output layer's gradient is counted per sequence; "
+                 "(for `oblr_ckpt_chunk` the per-row sum of the output layer's gradient is counted per sequence, for "
+                 "`oblr_recompute` its kept per-row gradients or factors, not sharded; "
                  "a micro-batch is whole groups, so round down to a multiple of G).", "",
                  projection_table()]
     out = "\n".join(text)

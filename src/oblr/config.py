@@ -146,9 +146,10 @@ class AlgorithmConfig:
     track_snr: bool = opt(False, "compute and log S, V, SNR even when the schedule does not use them")
     micro_batch_groups: int = opt(0, "prompt groups per forward/backward micro-batch (0 = all at once)",
                                   range=COUNT0)
-    memory_plan: str = opt("none", "choose checkpointing (exact norms: the one-pass or two-pass engine) and the "
-                                   "micro-batch under a memory budget: none (as configured) | auto | one_pass | "
-                                   "two_pass (turns model.activation_checkpointing on); docs/scale.md",
+    memory_plan: str = opt("none", "choose checkpointing (exact norms: the one-pass, recompute or two-pass engine) "
+                                   "and the micro-batch under a memory budget: none (as configured) | auto | "
+                                   "one_pass | recompute | two_pass (the last two turn model.activation_checkpointing "
+                                   "on); docs/scale.md",
                            choices="oblr.train.plan:MEMORY_PLANS")
     memory_budget_gb: float | None = opt(None, "memory per device (decimal GB) the plan must fit; unset with a "
                                                "memory_plan: the free CUDA memory (required on CPU)",

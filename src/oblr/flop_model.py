@@ -29,7 +29,12 @@ zero-gradient tokens, make its CPU count smaller):
   every layer in full (the engine's taps save each layer's input, so nothing stops early) + activation
   gradients + per weight a per-group Gram of its per-row gradients (:func:`use_ghost_groups` mirrors
   ``gram._use_ghost``: ghost ``2 K (G T)^2 (R + C)``, or materialised rows ``2 B T R C`` and ``2 B G R C``);
-  gradient pass = another full recomputation + an ordinary backward.
+  gradient pass = another full recomputation + an ordinary backward;
+- ``oblr_recompute`` (:class:`oblr.gradnorm.RecomputeBookKeeper`, checkpointing on): forward; one
+  activation-gradient backward with every layer recomputed in full (the engine's taps save each layer's
+  input, as in the two-pass norm pass); per weight what the one-pass engine does with its factors (above:
+  kept dense, ghost or materialised, then the weighted gradient with the group norms) -- ``oblr`` plus one
+  full recomputation. No gradient pass.
 
 Step time is predicted as proportional to FLOPs. That holds where matrix products dominate and run at one
 efficiency; it ignores memory-bound work (log-softmax over the vocabulary, the per-row reductions, scatters),
@@ -39,30 +44,17 @@ compares the prediction with the CPU measurements).
 
 from __future__ import annotations
 
-from .memory_model import PLANS, QWEN3, Shape  # noqa: F401 -- QWEN3 re-exported for the projections
+from .memory_model import KEEP_DENSE_SLACK, PLANS, QWEN3, Shape, keep_dense  # noqa: F401 -- re-exported
+from .memory_model import linears as _linears
 
-#: mirror of ``oblr.gradnorm.contrib.KEEP_DENSE_SLACK`` and ``MEMORY_COST`` (tests check they agree)
-KEEP_DENSE_SLACK = 1.0
+#: mirror of ``oblr.gradnorm.contrib.MEMORY_COST`` (tests check it agrees; ``KEEP_DENSE_SLACK`` and
+#: ``keep_dense``, the mirror of ``contrib.keep_dense``, are :mod:`oblr.memory_model`'s)
 MEMORY_COST = 8
-
-
-def _linears(s: Shape) -> list[tuple[str, int, int, str]]:
-    """One decoder layer's products in the engine's parameter order: (name, R = out, C = in, input key)."""
-    h, q, kv, i = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim, s.intermediate
-    return [("q_proj", q, h, "attn_in"), ("k_proj", kv, h, "attn_in"), ("v_proj", kv, h, "attn_in"),
-            ("o_proj", h, q, "o_in"), ("gate_proj", i, h, "mlp_in"), ("up_proj", i, h, "mlp_in"),
-            ("down_proj", h, i, "down_in")]
 
 
 def _norm_sizes(s: Shape) -> list[int]:
     """Norm weights' sizes: per layer q_norm, k_norm, input and post-attention norms; then the final norm."""
     return [s.head_dim, s.head_dim, s.hidden, s.hidden] * s.layers + [s.hidden]
-
-
-def keep_dense(R: int, C: int, T: int, factor_bytes: int = 4, index: bool = False) -> bool:
-    """``contrib.keep_dense``: per-row gradient [R, C] float32 no larger than its factors (ids: 8 bytes each)."""
-    left = 8 if index else R * factor_bytes
-    return 4 * R * C <= KEEP_DENSE_SLACK * T * (left + C * factor_bytes)
 
 
 def use_ghost(contribs: list[tuple[int, int, bool]], T: int) -> bool:
@@ -196,9 +188,11 @@ def step_flops(s: Shape, plan: str, batch: int, tokens: int, group: int | None =
     elif plan == "grpo_ckpt":
         out["backward"] = 2 * lin + 2.5 * att
         out["recompute"] = layer_lin - 2 * B * T * s.layers * s.hidden * s.intermediate + att
-    elif plan == "oblr":
+    elif plan in ("oblr", "oblr_recompute"):
         out["backward"] = lin + 2.5 * att
         out["norms"], out["assembly"] = _one_pass_norms(s, B, T, factor_bytes)
+        if plan == "oblr_recompute":
+            out["recompute"] = layer_lin + att
     else:  # oblr_ckpt: norm pass (head dX, layers dX) + gradient pass (head dW+dX, layers dW+dX)
         out["backward"] = (head + layer_lin + 2.5 * att) + (2 * head + 2 * layer_lin + 2.5 * att)
         out["recompute"] = 2 * (layer_lin + att)

@@ -18,8 +18,8 @@ Terms, for a Qwen3-architecture decoder (``Shape``) and a micro-batch of ``B`` s
     (``2h + 3q + 3kv + 3I``), the hooks' inputs not saved by autograd (``2h + q + I``) and outputs
     (``2h + q + kv``), and ``4h`` for the activation gradients in flight. The last term is calibrated on
     the CPU measurements of ``benchmarks/memory.py``, not derived;
-  * with activation checkpointing (both GRPO and the two-pass ``TwoPassBookKeeper``): each layer keeps its
-    input ``h``; one layer is recomputed at a time;
+  * with activation checkpointing (GRPO, the two-pass ``TwoPassBookKeeper`` and the recompute engine
+    ``RecomputeBookKeeper``): each layer keeps its input ``h``; one layer is recomputed at a time;
   * the ``[B, 1, T, T]`` attention mask of a padded batch (sdpa/eager attention), once: ``T`` per token
     (profiled on the CPU cases: every layer's attention saves it; without it the chunked-logit plans, whose
     peak is inside a recomputed layer's backward, measured up to 1.32x the prediction);
@@ -30,12 +30,30 @@ Terms, for a Qwen3-architecture decoder (``Shape``) and a micro-batch of ``B`` s
   log-softmax, and in the backward the gathered gradient, the log-softmax gradient and the un-sliced logits
   gradient) and ``k = 4`` for the one-pass engine (its backward forms activation gradients only); with
   checkpointing, later, one recomputed layer plus all gradients; for the two-pass engine's norm pass
-  (``retain_graph``), 4 logit-sized tensors (3 untied) plus one recomputed layer.
+  (``retain_graph``), 4 logit-sized tensors (3 untied) plus one recomputed layer;
+- ``oblr_recompute`` (:class:`oblr.gradnorm.RecomputeBookKeeper`: checkpointing on, one activation-gradient
+  backward, each recomputed layer's contributions kept, no gradient pass): the checkpointed activations, the
+  one-pass engine's 4 logit-sized tensors at the start of its backward (it forms no weight gradient), and the
+  kept contributions (:func:`kept_bytes`, derived from ``contrib.keep_dense``: per trainable weight the
+  smaller of its float32 per-row gradients ``4 B R C`` and its factors ``B T (R + C)`` in the activation
+  dtype, an input shared by q/k/v or gate/up counted once; norm weights dense; the output layer's float32
+  per-row sum ``4 B V h`` when it runs in chunks; with LoRA only the adapters'), which grow through the
+  backward and stay until the assembly. They are **not sharded under FSDP2** (per-row gradients of the
+  gathered weights, whole on every rank), so at billions of trainable parameters and long responses they
+  approach ``B x`` the parameters in float32 per rank: the two-pass engine, which keeps nothing per layer,
+  is the one that fits there, and the planner (:mod:`oblr.train.plan`) prices all three. Phases:
+  :func:`phase_bytes`.
 
 What this leaves out: the kept-dense conversion of the one-pass engine (it only replaces factors with
-smaller per-row gradients), the engines' chunked assembly work, allocator fragmentation, and memory outside
-torch's allocator. The counts are derived from the code paths; the one-pass ``4h`` in-flight term and the
-two-pass norm-pass term were read off the CPU measurements, so they are calibrated, not derived.
+smaller per-row gradients), the engines' chunked assembly work (for ``oblr_recompute`` one entry's float32
+working copy is counted), allocator fragmentation, and memory outside torch's allocator. The counts are
+derived from the code paths; the one-pass ``4h`` in-flight term and the two-pass norm-pass term were read off
+the CPU measurements, so they are calibrated, not derived. The ``oblr_recompute`` terms are derived (from
+``contrib.keep_dense``, ``RecomputeBookKeeper._take`` and ``oblr.update``'s order: backward, entropy,
+assembly) and were located with torch.profiler memory events on the CPU cases; the one choice read off them
+is where the backward's peak falls: inside the bottom layer, before that layer's own contributions exist.
+KL (``algorithm.kl_coef > 0``) is not modelled: its first backward retains the graph, so the activations
+and the saved log-softmax stay through the entropy (for every plan; the two-pass norm pass counts that).
 The CPU benchmark measures the step's peak *above* the model, optimizer state and batch
 (:func:`step_peak_bytes`); :func:`gpu_peak_bytes` adds the resident state for a projection.
 """
@@ -44,9 +62,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PLANS = ("grpo", "oblr", "grpo_ckpt", "oblr_ckpt")
-LOGIT_MULT = {"grpo": 5, "oblr": 4, "grpo_ckpt": 5, "oblr_ckpt": 5}
+PLANS = ("grpo", "oblr", "grpo_ckpt", "oblr_ckpt", "oblr_recompute")
+LOGIT_MULT = {"grpo": 5, "oblr": 4, "grpo_ckpt": 5, "oblr_ckpt": 5, "oblr_recompute": 4}
+CHECKPOINTED = ("grpo_ckpt", "oblr_ckpt", "oblr_recompute")
 GIB = 2**30
+#: mirror of ``oblr.gradnorm.contrib.KEEP_DENSE_SLACK`` (tests check they agree)
+KEEP_DENSE_SLACK = 1.0
+#: the modules LoRA adapts by default (``model.lora_targets``)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass(frozen=True)
@@ -86,7 +109,7 @@ def act_per_token_layer(s: Shape, plan: str) -> int:
         return 6 * h + 7 * q + 6 * kv + 4 * i
     if plan == "oblr":
         return 10 * h + 5 * q + 4 * kv + 4 * i
-    if plan in ("grpo_ckpt", "oblr_ckpt"):
+    if plan in CHECKPOINTED:
         return h
     raise ValueError(f"unknown plan {plan!r}; known: {', '.join(PLANS)}")
 
@@ -120,19 +143,122 @@ def logits_bytes(s: Shape, plan: str, batch: int, tokens: int, logit_chunk: int 
     return LOGIT_MULT[plan] * batch * t * s.vocab * 4
 
 
+def linears(s: Shape) -> list[tuple[str, int, int, str]]:
+    """One decoder layer's weight products: (name, R = out, C = in, input key); products with the same key
+    read one input tensor (q/k/v: the normalised hidden state; gate/up: the post-attention one)."""
+    h, q, kv, i = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim, s.intermediate
+    return [("q_proj", q, h, "attn_in"), ("k_proj", kv, h, "attn_in"), ("v_proj", kv, h, "attn_in"),
+            ("o_proj", h, q, "o_in"), ("gate_proj", i, h, "mlp_in"), ("up_proj", i, h, "mlp_in"),
+            ("down_proj", h, i, "down_in")]
+
+
+def keep_dense(R: int, C: int, T: int, factor_bytes: int = 4, index: bool = False) -> bool:
+    """``contrib.keep_dense``: a per-row gradient [R, C] float32 no larger than its factors ``T x (R + C)``
+    elements of ``factor_bytes`` (``index``: the left factor is token ids, 8 bytes each)."""
+    left = 8 if index else R * factor_bytes
+    return 4 * R * C <= KEEP_DENSE_SLACK * T * (left + C * factor_bytes)
+
+
+def _outer_kept(R: int, C: int, B: int, T: int, act_bytes: int) -> tuple[int, int]:
+    """(bytes kept apart from the shared input, input bytes if the factors are kept else 0) of one weight's
+    contribution: dense ``4 B R C`` or the output gradient ``B T R`` plus the input ``B T C``."""
+    if keep_dense(R, C, T, act_bytes):
+        return 4 * B * R * C, 0
+    return B * T * R * act_bytes, B * T * C * act_bytes
+
+
+def _lora_modules(s: Shape, lora_rank: int, lora_targets) -> list[tuple[str, int, int, str]] | None:
+    """The adapted projections of a LoRA run; None for a full fine-tuning: ``lora_rank`` 0, or a target that
+    is not one of :func:`linears`' names (priced as a full fine-tuning: conservative)."""
+    known = {n: (n, r, c, k) for n, r, c, k in linears(s)}
+    targets = list(dict.fromkeys(lora_targets))
+    if lora_rank <= 0 or not targets or any(t not in known for t in targets):
+        return None
+    return [known[t] for t in targets]
+
+
+def lora_params(s: Shape, lora_rank: int, lora_targets=LORA_TARGETS) -> int:
+    """Parameters of LoRA adapters of rank ``lora_rank`` on ``lora_targets`` in every layer: ``r (R + C)``
+    per adapted projection (all parameters, :func:`n_params`, when :func:`_lora_modules` prices a full
+    fine-tuning)."""
+    mods = _lora_modules(s, lora_rank, lora_targets)
+    if mods is None:
+        return n_params(s)
+    return s.layers * sum(lora_rank * (r + c) for _, r, c, _ in mods)
+
+
+def kept_bytes(s: Shape, batch: int, tokens: int, act_bytes: int = 4, logit_chunk: int = 0,
+               head_trainable: bool = True, lora_rank: int = 0, lora_targets=LORA_TARGETS) -> dict[str, int]:
+    """The recompute engine's kept contributions at the end of its backward, by part (``oblr_recompute``;
+    :class:`oblr.gradnorm.RecomputeBookKeeper` keeps them as the one-pass engine's ``_add`` does).
+
+    Per trainable weight ``[R, C]``: its per-row gradients ``4 B R C`` (float32) when ``keep_dense`` says they
+    are no larger than the factors (mirrors ``contrib.keep_dense``), else the factors -- the output gradient
+    ``B T R`` and the input ``B T C`` in ``act_bytes``, the input counted once for the weights that read the
+    same tensor (q/k/v, gate/up). ``layers``: the decoder weights; ``norms``: the RMSNorm weights (dense,
+    ``4 B n``); ``head``: the output layer, with a tied embedding's token-id part (folded into the head's
+    per-row gradients when those are dense, else its ids ``8 B T`` and gradient ``B T h`` as factors), or,
+    with the output layer in chunks (``logit_chunk``), the float32 per-row sum ``4 B V h`` of a module called
+    once per chunk; ``embedding``: an untied embedding (token ids ``8 B T`` and its output gradient
+    ``B T h``, or ``4 B V h`` dense). ``head_trainable`` False (a frozen output layer, e.g. LoRA): no head or
+    embedding part. ``lora_rank`` > 0: only the adapters of ``lora_targets`` are trained -- per adapted
+    projection ``A [r, C]`` (input: the projection's input, shared as above; output gradient ``B T r``) and
+    ``B [R, r]`` (input: A's output ``B T r``; output gradient ``B T R``) -- and nothing else is kept
+    (targets other than the projections of :func:`linears` are priced as a full fine-tuning).
+
+    Not sharded under FSDP2: these are per-row gradients of the gathered weights, whole on every rank."""
+    B, T, h, V, ab = batch, tokens, s.hidden, s.vocab, act_bytes
+    out = {"layers": 0, "norms": 0, "head": 0, "embedding": 0}
+    mods = _lora_modules(s, lora_rank, lora_targets)
+    if mods is not None:
+        per_layer, inputs = 0, {}
+        for _, R, C, key in mods:
+            a, x = _outer_kept(lora_rank, C, B, T, ab)
+            per_layer += a
+            inputs[key] = max(inputs.get(key, 0), x)
+            b, xb = _outer_kept(R, lora_rank, B, T, ab)
+            per_layer += b + xb
+        out["layers"] = s.layers * (per_layer + sum(inputs.values()))
+        return out
+    per_layer, inputs = 0, {}
+    for _, R, C, key in linears(s):
+        a, x = _outer_kept(R, C, B, T, ab)
+        per_layer += a
+        inputs[key] = max(inputs.get(key, 0), x)
+    out["layers"] = s.layers * (per_layer + sum(inputs.values()))
+    out["norms"] = 4 * B * (s.layers * (2 * h + 2 * s.head_dim) + h)
+    if not head_trainable:
+        return out
+    ids = B * T * (8 + h * ab)  # an embedding's token ids and output gradient
+    if chunked(tokens, logit_chunk):
+        out["head"] = 4 * B * V * h
+    elif keep_dense(V, h, T, ab):
+        out["head"] = 4 * B * V * h  # (tied: the embedding's ids are folded into it)
+    else:
+        out["head"] = B * T * (V + h) * ab + (ids if s.tied else 0)
+    if not s.tied:
+        out["embedding"] = 4 * B * V * h if keep_dense(V, h, T, ab, index=True) else ids
+    return out
+
+
 def step_peak_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4, grad_bytes: int = 4,
-                    grad_shards: int = 1, logit_chunk: int = 0, head_trainable: bool = True) -> int:
+                    grad_shards: int = 1, logit_chunk: int = 0, head_trainable: bool = True, *,
+                    lora_rank: int = 0, lora_targets=LORA_TARGETS) -> int:
     """Peak of one step above the resident model, optimizer state and batch (what ``benchmarks/memory.py``
-    measures on CPU): kept activations plus the largest of the step's phases (:func:`phase_bytes`)."""
+    measures on CPU): kept activations plus the largest of the step's phases (:func:`phase_bytes`).
+    ``lora_rank``/``lora_targets``: LoRA adapters instead of full fine-tuning; only ``oblr_recompute`` uses
+    them (its kept contributions and gradients are the adapters'); the other plans count the full model's
+    gradients whatever they are (conservative)."""
     if batch < 1 or tokens < 2:
         raise ValueError(f"need batch >= 1 and tokens >= 2, got batch={batch}, tokens={tokens}")
     return (activation_bytes(s, plan, batch, tokens, act_bytes)
             + max(phase_bytes(s, plan, batch, tokens, act_bytes, grad_bytes, grad_shards, logit_chunk,
-                              head_trainable).values()))
+                              head_trainable, lora_rank=lora_rank, lora_targets=lora_targets).values()))
 
 
 def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4, grad_bytes: int = 4,
-                grad_shards: int = 1, logit_chunk: int = 0, head_trainable: bool = True) -> dict[str, int]:
+                grad_shards: int = 1, logit_chunk: int = 0, head_trainable: bool = True, *,
+                lora_rank: int = 0, lora_targets=LORA_TARGETS) -> dict[str, int]:
     """What each phase adds on top of the kept activations:
 
     - ``logits`` (start of the backward): the logit-sized tensors and ``lm_head``'s gradient (the first one
@@ -142,6 +268,23 @@ def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4
       logits and saved log-softmax stay, plus ``lm_head``'s output gradient, plus (tied embeddings) its kept
       copy for the cross term -- 4 logit-sized tensors tied, 3 untied -- and one recomputed layer; no gradients.
 
+    ``oblr_recompute`` (``kept``: :func:`kept_bytes`, whole on every rank whatever ``grad_shards``):
+
+    - ``logits``: 4 logit-sized tensors (with chunks: one chunk's, plus the output layer's float32 per-row sum
+      ``4 B V h`` when it is trainable), no gradient;
+    - ``recompute`` (inside the bottom layer's backward, before its own contributions): one recomputed layer,
+      ``kept`` less one layer's share, the float32 logits (referenced until the step ends; not with chunks)
+      and, with half-precision activations, the float32 copies of the largest kept-dense weight's factors
+      ``4 B T (R + C)`` (``Outer.regroup`` casts them before the per-row product);
+    - ``entropy`` (whole logits only: after the backward, ``oblr.update`` computes the entropy from the logits;
+      the activations are freed by then): the logits and 3 temporaries (4 logit-sized) and ``kept``;
+    - ``assembly``: ``kept``, the gradients (of the adapters with LoRA), the logits (whole) and the largest
+      factor-kept entry's float32 working copy ``4 B T (R + C)``.
+
+    The last two come after the backward, when the checkpointed activations are freed: their values are their
+    bytes *less* :func:`activation_bytes` (so may be negative), keeping ``step_peak_bytes = activations +
+    max(phases)``.
+
     With the output layer in chunks of ``logit_chunk`` positions (checkpointed plans): the logit-sized
     tensors span one chunk, and nothing logit-sized is retained for the gradient pass; the two-pass norm pass
     holds one recomputed chunk's 4 (the chunks first, then the layers: the larger of that and one recomputed
@@ -149,6 +292,9 @@ def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4
     its gradient ``batch * vocab * hidden`` throughout (a module called once per chunk:
     :class:`oblr.gradnorm.TwoPassBookKeeper`).
     """
+    if plan == "oblr_recompute":
+        return _recompute_phases(s, batch, tokens, act_bytes, grad_bytes, grad_shards, logit_chunk, head_trainable,
+                                 lora_rank, lora_targets)
     grads = n_params(s) * grad_bytes // grad_shards
     head_grad = s.vocab * s.hidden * grad_bytes // grad_shards
     out = {"logits": logits_bytes(s, plan, batch, tokens, logit_chunk) + (0 if plan == "oblr" else head_grad)}
@@ -160,6 +306,49 @@ def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4
     elif plan == "oblr_ckpt":
         out["norm_pass"] = ((4 if s.tied else 3) * batch * tokens * s.vocab * 4
                             + recompute_bytes(s, batch, tokens, act_bytes))
+    return out
+
+
+def _working_copies(s: Shape, batch: int, tokens: int, act_bytes: int, logit_chunk: int, head_on: bool,
+                    lora_rank: int, lora_targets) -> tuple[int, int]:
+    """(backward, assembly) float32 copies of one weight's factors ``4 B T (R + C)``: in the backward, the
+    largest layer weight kept dense when the factors are in half precision (``Outer.regroup`` casts them
+    before the per-row product; float32 factors are used as they are); in the assembly, the largest entry
+    kept as factors (cast, or scaled per group)."""
+    B, T, ab = batch, tokens, act_bytes
+    mods = _lora_modules(s, lora_rank, lora_targets)
+    if mods is not None:
+        weights = [w for _, R, C, _ in mods for w in ((lora_rank, C), (R, lora_rank))]
+    else:
+        weights = [(R, C) for _, R, C, _ in linears(s)]
+    dense = [4 * B * T * (R + C) for R, C in weights if keep_dense(R, C, T, ab)]
+    factors = [4 * B * T * (R + C) for R, C in weights if not keep_dense(R, C, T, ab)]
+    if head_on and not chunked(tokens, logit_chunk) and not keep_dense(s.vocab, s.hidden, T, ab):
+        factors.append(4 * B * T * (s.vocab + s.hidden))
+    return (max(dense) if dense and ab < 4 else 0), max(factors, default=0)
+
+
+def _recompute_phases(s: Shape, batch: int, tokens: int, act_bytes: int, grad_bytes: int, grad_shards: int,
+                      logit_chunk: int, head_trainable: bool, lora_rank: int, lora_targets) -> dict[str, int]:
+    """:func:`phase_bytes` of ``oblr_recompute`` (its docstring)."""
+    whole = not chunked(tokens, logit_chunk)
+    head_on = head_trainable and _lora_modules(s, lora_rank, lora_targets) is None
+    parts = kept_bytes(s, batch, tokens, act_bytes, logit_chunk, head_on, lora_rank, lora_targets)
+    kept = sum(parts.values())
+    grads = lora_params(s, lora_rank, lora_targets) * grad_bytes // grad_shards
+    logit = batch * tokens * s.vocab * 4  # the float32 logits, referenced until the step ends (whole logits)
+    # float32 working copies of one weight's factors, B T (R + C) * 4: materialising a kept-dense weight from
+    # half-precision factors in the backward, and the largest factor-kept entry in the assembly
+    mat, fac = _working_copies(s, batch, tokens, act_bytes, logit_chunk, head_on, lora_rank, lora_targets)
+    acts = activation_bytes(s, "oblr_recompute", batch, tokens, act_bytes)
+    out = {"logits": logits_bytes(s, "oblr_recompute", batch, tokens, logit_chunk)
+           + (0 if whole or not head_on else 4 * batch * s.vocab * s.hidden),
+           # the bottom layer's peak (its MLP backward) comes before that layer's own contributions
+           "recompute": (recompute_bytes(s, batch, tokens, act_bytes) + kept - parts["layers"] // s.layers
+                         + (logit if whole else 0) + mat)}
+    if whole:  # after the backward the activations are freed: these two count their bytes less ``acts``
+        out["entropy"] = 4 * logit + kept - acts
+    out["assembly"] = kept + grads + (logit if whole else 0) + fac - acts
     return out
 
 

@@ -91,7 +91,15 @@ def test_train_help_lists_every_registry_without_torch():
     (["optim.optimizer=lion"], "unknown optimizer 'lion'"),
     (["algorithm.norms_method=fast"], "unknown gradient-norm method 'fast'"),
     (["algorithm.aggregation=sum"], "unknown loss aggregation 'sum'"),
-    (["algorithm.memory_plan=two-pass"], "unknown memory plan 'two-pass'; registered: auto, none, one_pass, two_pass"),
+    (["algorithm.memory_plan=two-pass"], "unknown memory plan 'two-pass'; registered: auto, none, one_pass, recompute, two_pass"),
+    (["algorithm.checkpointed_engine=keep"], "unknown checkpointed exact-norm engine 'keep'; registered: recompute, "
+     "two_pass"),
+    (["algorithm.checkpointed_engine=recompute"], "config key 'algorithm.checkpointed_engine': 'recompute' is the "
+     "engine used with activation checkpointing, but model.activation_checkpointing is false"),
+    (["algorithm.memory_plan=two_pass", "algorithm.memory_budget_gb=80", "algorithm.checkpointed_engine=recompute"],
+     "'recompute' contradicts algorithm.memory_plan 'two_pass'"),
+    (["algorithm.memory_plan=recompute", "algorithm.baseline=grpo", "algorithm.lr_schedule=constant"],
+     "'recompute' chooses an exact-norm engine, but baseline 'grpo'"),
     (["algorithm.memory_plan=auto", "algorithm.memory_budget_gb=0"],
      "config key 'algorithm.memory_budget_gb': must be in (0, 1e6], got 0"),
     (["algorithm.memory_plan=auto", "algorithm.memory_budget_gb=-8"], "'algorithm.memory_budget_gb': must be in (0"),
@@ -101,10 +109,10 @@ def test_train_help_lists_every_registry_without_torch():
     (["algorithm.memory_plan=one_pass", "model.activation_checkpointing=true"],
      "'one_pass' keeps every layer's activations, but model.activation_checkpointing is true"),
     (["model.logit_chunk_tokens=-1"], "config key 'model.logit_chunk_tokens': must be"),
-    (["model.logit_chunk_tokens=512"], "with exact norms chunked logits need the two-pass engine: set "
+    (["model.logit_chunk_tokens=512"], "with exact norms chunked logits need a checkpointed engine: set "
      "model.activation_checkpointing=true"),
     (["model.logit_chunk_tokens=512", "algorithm.memory_plan=one_pass", "algorithm.memory_budget_gb=80"],
-     "chunked logits need the two-pass engine (the one-pass engine keeps every chunk's logit gradients"),
+     "chunked logits need a checkpointed engine (the one-pass engine keeps every chunk's logit gradients"),
     (["model.logit_chunk_tokens=512", "algorithm.baseline=otb_proxy"], "weighs outputs by their whole logits"),
     (["model.logit_chunk_tokens=512", "model.activation_checkpointing=true", "algorithm.norms_method=loop"],
      "the loop reference (algorithm.norms_method=loop) runs on the one-pass engine"),

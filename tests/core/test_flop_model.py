@@ -154,6 +154,13 @@ def test_checkpointed_plans():
             assert grpo < gck < 4 / 3 * grpo + 1, name  # at most one more forward
             # the two-pass engine: one more recomputation and one activation-only backward than grpo_ckpt
             assert gck + fm.step_flops(s, "grpo", 8, T, 8)["forward"] < ock < 2 * gck, name
+            # the recompute engine: the one-pass engine's count plus one full recomputation of every layer
+            # (forward minus the output layer), between the checkpointed GRPO step and the two-pass one
+            rec, one = fm.step_flops(s, "oblr_recompute", 8, T, 8), fm.step_flops(s, "oblr", 8, T, 8)
+            fwd = fm.step_flops(s, "grpo", 8, T, 8)["forward"]
+            assert rec["recompute"] == fwd - 2 * 8 * T * s.vocab * s.hidden
+            assert {k: v for k, v in rec.items() if k != "recompute"} == {k: v for k, v in one.items() if k != "recompute"}
+            assert gck < sum(rec.values()) < ock, name
 
 
 def test_bad_input():

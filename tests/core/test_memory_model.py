@@ -115,3 +115,136 @@ def test_chunked_rows_measure_within_band():
     assert {r["plan"] for r in rows} == {"grpo"} | set(memory.CHUNK_PLANS)
     for r in rows:
         assert r["measured"] > 0 and 0.8 <= r["ratio"] <= 1.25, (r["plan"], r["ratio"])
+
+
+def test_recompute_kept_bytes_by_hand():
+    """The recompute engine's kept contributions on TINY (h=8, q=8, kv=4, I=24, V=10, tied), 3 rows of 5 tokens:
+    per weight the smaller of float32 per-row gradients 4 B R C and factors B T (R + C) (contrib.keep_dense), the
+    input shared by gate/up counted once."""
+    b, t = 3, 5
+    # float32: q, o (8x8) and k, v (4x8) dense (4RC <= 4T(R+C)); gate, up (24x8) and down (8x24) factors
+    attn = 4 * b * (64 + 32 + 32 + 64)
+    mlp = b * t * 4 * (24 + 24 + 8) + b * t * 4 * (8 + 24)  # gate/up/down output grads; inputs mlp_in, down_in
+    kept = mm.kept_bytes(TINY, b, t)
+    assert kept == {"layers": 2 * (attn + mlp), "norms": 4 * b * (2 * (8 + 8 + 4 + 4) + 8),
+                    "head": 4 * b * 10 * 8, "embedding": 0}  # head dense: 320 <= 5 * 18 * 4; tied ids folded
+    # bf16 factors: the head keeps its factors (output grad 10 + input 8 per token) and the tied ids (8 + 2*8 bytes)
+    assert mm.kept_bytes(TINY, b, t, act_bytes=2)["head"] == b * t * 18 * 2 + b * t * (8 + 8 * 2)
+    # output layer in chunks: one float32 per-row sum; frozen output layer: nothing for head or embedding
+    assert mm.kept_bytes(TINY, b, 6, logit_chunk=2)["head"] == 4 * b * 10 * 8
+    assert mm.kept_bytes(TINY, b, t, head_trainable=False)["head"] == 0
+    untied = mm.Shape(2, 8, 24, 2, 1, 4, 10, False)
+    assert mm.kept_bytes(untied, b, t)["embedding"] == b * t * (8 + 8 * 4)  # ids + output gradient
+    # LoRA r = 2 on q/k/v/o, float32: A [2, 8] dense (64 <= 5*10*4) for all four, B [R, 2]: dense too
+    lora = mm.kept_bytes(TINY, b, t, lora_rank=2)
+    assert lora == {"layers": 2 * 4 * b * (4 * 2 * 8 + 2 * (8 + 4 + 4 + 8)), "norms": 0, "head": 0, "embedding": 0}
+    assert mm.lora_params(TINY, 2) == 2 * 2 * (4 * 8 + 8 + 4 + 4 + 8)
+    # targets the model does not know: priced as a full fine-tuning
+    assert mm.kept_bytes(TINY, b, t, lora_rank=2, lora_targets=("mlp",)) == kept
+    assert mm.lora_params(TINY, 2, ("mlp",)) == mm.n_params(TINY)
+
+
+def test_recompute_phases_by_hand():
+    """oblr_recompute: the one-pass engine's 4 logit-sized tensors at the start of the backward (no gradient), then
+    the bottom layer (one recomputed layer + logits + the contributions of the layers above), the entropy and the
+    assembly after the backward (the activations freed: counted less the activations)."""
+    b, t, P = 3, 5, mm.n_params(TINY)
+    logits = b * t * 10 * 4
+    acts = b * t * (2 * 8 + 4 * 8 + t) * 4  # checkpointed: layer inputs, 4h outside, the mask
+    kept = sum(mm.kept_bytes(TINY, b, t).values())
+    layer = mm.kept_bytes(TINY, b, t)["layers"] // 2
+    ph = mm.phase_bytes(TINY, "oblr_recompute", b, t)
+    assert ph == {"logits": 4 * logits, "recompute": b * t * 224 * 4 + kept - layer + logits,
+                  "entropy": 4 * logits + kept - acts,
+                  "assembly": kept + P * 4 + logits + 4 * b * t * (24 + 8) - acts}  # + gate's float32 factors
+    assert mm.step_peak_bytes(TINY, "oblr_recompute", b, t) == acts + max(ph.values())
+    # the kept contributions are whole on every rank (per-row gradients of the gathered weights); only the
+    # gradients shard
+    sharded = mm.phase_bytes(TINY, "oblr_recompute", b, t, grad_shards=8)
+    assert sharded["assembly"] == ph["assembly"] - P * 4 + P * 4 // 8
+    assert all(sharded[k] == ph[k] for k in ("logits", "recompute", "entropy"))
+    # LoRA: the adapters' contributions and gradients only; the existing plans ignore lora_rank
+    lora = mm.phase_bytes(TINY, "oblr_recompute", b, t, lora_rank=2, head_trainable=False)
+    assert lora["assembly"] < ph["assembly"] and lora["recompute"] < ph["recompute"]
+    for plan in ("grpo", "oblr", "grpo_ckpt", "oblr_ckpt"):
+        assert mm.step_peak_bytes(TINY, plan, b, t, lora_rank=2) == mm.step_peak_bytes(TINY, plan, b, t)
+
+
+def test_recompute_projection_full_fine_tuning_does_not_fit_a_group_at_4b_8b():
+    """Kept per-row gradients ~ 4 bytes per trainable weight per sequence at long responses: at Qwen3-4B/8B
+    fewer than one group of 8 sequences fits an 80 GB GPU under FSDP2 over 8, with the output layer whole or in
+    chunks (the two-pass engine with chunks fits a group); with LoRA the recompute engine keeps little."""
+    for name in ("Qwen3-4B", "Qwen3-8B"):
+        s = mm.QWEN3[name]
+        for t in (4096, 8192):
+            assert mm.max_micro_batch(s, "oblr_recompute", t, 80e9) <= mm.max_micro_batch(s, "oblr_ckpt", t, 80e9)
+            assert mm.max_micro_batch(s, "oblr_recompute", t, 80e9, logit_chunk=512) < 8
+            assert mm.max_micro_batch(s, "oblr_ckpt", t, 80e9, logit_chunk=512) >= 8
+        per_weight = sum(mm.kept_bytes(s, 1, 8192, act_bytes=2).values()) / mm.n_params(s)
+        assert 3.5 < per_weight <= 4.0
+    s = mm.QWEN3["Qwen3-4B"]
+    full = mm.step_peak_bytes(s, "oblr_recompute", 8, 4096, 2, 2)
+    lora = mm.step_peak_bytes(s, "oblr_recompute", 8, 4096, 2, 2, head_trainable=False, lora_rank=16)
+    assert lora < full / 2 and lora <= mm.step_peak_bytes(s, "oblr_ckpt", 8, 4096, 2, 2)
+
+
+def _engine_kept(case, dtype, lora_rank=0, chunk=0):
+    """Bytes of the contributions a RecomputeBookKeeper keeps after its backward (storages counted once)."""
+    import torch
+    from step_methods import build_model
+
+    from oblr.gradnorm import RecomputeBookKeeper
+    from oblr.gradnorm.contrib import Dense
+    from oblr.logprobs import chunked_response_logprobs
+    from oblr.models import enable_activation_checkpointing, wrap_lora
+
+    model = build_model(case, dtype=dtype)
+    if lora_rank:
+        model = wrap_lora(model, rank=lora_rank, alpha=2 * lora_rank, targets=list(mm.LORA_TARGETS)).to(dtype)
+    enable_activation_checkpointing(model)
+    B, T = case.n_prompts * case.group_size, case.prompt_len + case.response_len
+    ids = torch.randint(1, case.vocab, (B, T), generator=torch.Generator().manual_seed(0))
+    book = RecomputeBookKeeper(model)
+    with book.record():
+        if chunk:
+            rm = torch.zeros(B, T, dtype=torch.long)
+            rm[:, case.prompt_len:] = 1
+            lp = chunked_response_logprobs(model, ids, torch.ones_like(ids), rm, chunk=chunk)[0].sum(1)
+        else:
+            logits = model(input_ids=ids).logits.float()
+            lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(1)
+        book.backward(lp)
+    seen, total = set(), 0
+    for e in book._entries:
+        for c in e.contribs:
+            for t in (c.z,) if isinstance(c, Dense) else (c.left, c.right):
+                st = t.untyped_storage()
+                if st.data_ptr() not in seen:
+                    seen.add(st.data_ptr())
+                    total += st.nbytes()
+    book.clear()
+    return total
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_recompute_kept_bytes_match_the_engine(tied):
+    """kept_bytes against what RecomputeBookKeeper holds after its backward, byte for byte: float32 and bf16,
+    short (factors kept) and long (per-row gradients kept) rows, LoRA, the output layer in chunks."""
+    import torch
+    from step_methods import Case
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import memory
+
+    for dtype, nbytes in ((torch.float32, 4), (torch.bfloat16, 2)):
+        for resp in (2, 16, 60):
+            case = Case(hidden=32, layers=2, vocab=64, prompt_len=4, response_len=resp, n_prompts=2, group_size=2,
+                        tied=tied)
+            s, B, T = memory.shape_of(case), 4, 4 + resp
+            assert _engine_kept(case, dtype) == sum(mm.kept_bytes(s, B, T, nbytes).values()), (dtype, resp)
+            if tied:
+                lora = mm.kept_bytes(s, B, T, nbytes, head_trainable=False, lora_rank=4)
+                assert _engine_kept(case, dtype, lora_rank=4) == sum(lora.values()), (dtype, resp, "lora")
+    case = Case(hidden=32, layers=2, vocab=64, prompt_len=4, response_len=28, n_prompts=2, group_size=2, tied=tied)
+    want = sum(mm.kept_bytes(memory.shape_of(case), 4, 32, 4, logit_chunk=8).values())
+    assert _engine_kept(case, torch.float32, chunk=8) == want

@@ -83,6 +83,44 @@ def test_a_budget_below_the_resident_state_or_not_positive_is_refused():
         plan(0)
 
 
+def epeak(engine, groups, **kw):
+    return predicted_peak(S, exact_norms=True, checkpointing=engine, sequences=8 * groups, tokens=1024,
+                          param_bytes=2, resident_bytes=RES, **kw) / GB
+
+
+@pytest.mark.parametrize("lora_rank", [0, 8])
+def test_with_three_engines_the_largest_micro_batch_then_the_cheapest_engine(lora_rank):
+    """Over budgets from the tightest to the most generous: the plan fits; no engine fits more groups; among
+    those fitting as many, the chosen one comes first in one-pass, recompute, two-pass (fewest passes)."""
+    engines = ("one_pass", "recompute", "two_pass")
+    peaks = {e: [round(epeak(e, g, lora_rank=lora_rank) * GB) for g in range(1, 5)] for e in engines}
+    budgets = sorted({p for ps in peaks.values() for p in ps})
+    chosen = set()
+    for b in budgets + [b + 10**8 for b in budgets]:
+        p = choose_plan(S, budget_bytes=b, exact_norms=True, allowed=engines, lora_rank=lora_rank, **KW)
+        fits = {e: max((g for g in range(1, 5) if peaks[e][g - 1] <= b), default=0) for e in engines}
+        assert p.groups == max(fits.values()) and p.peak_bytes <= b
+        want = next(e for e in engines if fits[e] == p.groups)
+        assert p.engine == {"one_pass": "one-pass", "two_pass": "two-pass"}.get(want, want), (b, fits)
+        assert p.checkpointing == (want != "one_pass")
+        assert p.checkpointed_engine == (want if want != "one_pass" else "two_pass")
+        chosen.add(want)
+    # each engine is the answer somewhere on this shape; with LoRA the recompute engine keeps little (and the
+    # other plans are priced for the full model's gradients), so it is never worse than the two-pass one
+    assert chosen == ({"one_pass", "recompute"} if lora_rank else set(engines))
+
+
+def test_lora_prices_the_recompute_engines_kept_gradients_for_the_adapters_only():
+    full, lora = epeak("recompute", 1), epeak("recompute", 1, lora_rank=8)
+    assert lora < full
+    # the kept per-row gradients of a full fine-tuning are at least B x the decoder layers' weights in float32
+    kept = mm.kept_bytes(S, 8, 1024, act_bytes=2)
+    assert sum(kept.values()) >= 8 * 4 * S.layers * (mm.layer_params(S) - 2 * S.hidden - 2 * S.head_dim) * 0.5
+    assert sum(mm.kept_bytes(S, 8, 1024, act_bytes=2, lora_rank=8).values()) < sum(kept.values()) / 100
+    # targets the memory model does not know are priced as a full fine-tuning (conservative)
+    assert epeak("recompute", 1, lora_rank=8, lora_targets=("mlp",)) == full
+
+
 def test_one_engine_only_and_a_user_micro_batch_cap():
     assert plan(160, allowed=(True,)).engine == "two-pass"
     p = plan(110, allowed=(False,))
@@ -124,7 +162,7 @@ def test_the_shape_is_read_from_a_hugging_face_config():
 
 
 def test_the_registry_and_an_unset_budget():
-    assert MEMORY_PLANS.names() == ["auto", "none", "one_pass", "two_pass"]
+    assert MEMORY_PLANS.names() == ["auto", "none", "one_pass", "recompute", "two_pass"]
     cfg = load_config(None, [])
     assert cfg.algorithm.memory_plan == "none" and cfg.algorithm.memory_budget_gb is None
     assert apply_plan(cfg, None) is cfg
@@ -164,7 +202,7 @@ def test_plan_run_shards_the_resident_state_under_fsdp_and_may_choose_the_two_pa
                  hf, prompt_len=16, world=2, device="cpu")
     assert (p.engine, p.groups) == ("two-pass", 2)
     # a budget too tight for both: the refusal names both engines' needs
-    with pytest.raises(PlanError, match=r"needs one-pass [\d.]+ GB, two-pass [\d.]+ GB; the smallest"):
+    with pytest.raises(PlanError, match=r"needs one-pass [\d.]+ GB, recompute [\d.]+ GB, two-pass [\d.]+ GB; the "):
         plan_run(_cfg("distributed.strategy=fsdp", "algorithm.memory_plan=auto",
                       f"algorithm.memory_budget_gb={(fsdp.resident_bytes + 1000) / GB!r}"),
                  hf, prompt_len=16, world=2, device="cpu")
@@ -179,7 +217,12 @@ def test_plan_run_without_exact_norms_keeps_the_checkpointing_setting():
         p = plan_run(cfg, _hf_config(), prompt_len=16, world=1, device="cpu")
         assert not p.exact_norms and p.checkpointing == ckpt and p.groups == 4
     cfg = _cfg("algorithm.memory_plan=auto", "algorithm.memory_budget_gb=1", "model.activation_checkpointing=true")
-    assert plan_run(cfg, _hf_config(), prompt_len=16, world=1, device="cpu").engine == "two-pass"  # auto obeys it
+    p = plan_run(cfg, _hf_config(), prompt_len=16, world=1, device="cpu")
+    assert p.checkpointing and p.engine == "recompute"  # auto obeys it: a checkpointed engine (the tiny model's
+    assert apply_plan(cfg, p).algorithm.checkpointed_engine == "recompute"  # kept gradients are small: recompute)
+    cfg = _cfg("algorithm.memory_plan=two_pass", "algorithm.memory_budget_gb=1")
+    p = plan_run(cfg, _hf_config(), prompt_len=16, world=1, device="cpu")
+    assert p.engine == "two-pass" and apply_plan(cfg, p).algorithm.checkpointed_engine == "two_pass"
 
 
 def test_plan_run_on_cuda_without_a_budget_takes_the_free_memory(monkeypatch):
@@ -340,10 +383,10 @@ def test_chunked_logits_bring_the_papers_long_responses_under_80_gb():
     assert grpo(4352, 256) < grpo(1280, 0) and grpo(1280, 256) < grpo(1280, 0)
 
 
-def test_plan_run_with_chunked_logits_plans_two_pass_only():
+def test_plan_run_with_chunked_logits_plans_checkpointed_engines_only():
     from oblr.train.plan import plan_run
 
     cfg = _cfg("algorithm.memory_plan=auto", "algorithm.memory_budget_gb=100", "model.logit_chunk_tokens=8")
     p = plan_run(cfg, _hf_config(), prompt_len=16, world=1, device="cpu")
-    assert (p.engine, p.checkpointing, p.logit_chunk) == ("two-pass", True, 8)
+    assert (p.engine, p.checkpointing, p.logit_chunk) == ("recompute", True, 8)  # a tie: the one backward
     assert apply_plan(cfg, p).model.activation_checkpointing

@@ -1,28 +1,34 @@
-"""A memory plan for ``oblr train``: checkpointing on or off (for exact norms: the one-pass or the two-pass
-engine) and the micro-batch, chosen from :mod:`oblr.memory_model` under a per-device budget (torch-free).
+"""A memory plan for ``oblr train``: checkpointing on or off (for exact norms: the one-pass, the recompute or
+the two-pass engine) and the micro-batch, chosen from :mod:`oblr.memory_model` under a per-device budget
+(torch-free).
 
 ``algorithm.memory_plan`` (the registry :data:`MEMORY_PLANS`) says what the planner may choose:
 
-- ``none`` (default): no planning; the run uses ``model.activation_checkpointing`` and
-  ``algorithm.micro_batch_groups`` as given (today's behaviour, bit for bit);
+- ``none`` (default): no planning; the run uses ``model.activation_checkpointing``,
+  ``algorithm.checkpointed_engine`` and ``algorithm.micro_batch_groups`` as given (today's behaviour, bit for bit);
 - ``auto``: exact-norm methods (the book-keeping path: exact weights, or S and V for the schedule) may use
-  the one-pass :class:`~oblr.gradnorm.BookKeeper` (no checkpointing) or the two-pass
-  :class:`~oblr.gradnorm.TwoPassBookKeeper` (activation checkpointing on); methods without exact norms (GRPO
-  family) keep ``model.activation_checkpointing`` as set and only the micro-batch is chosen;
-- ``one_pass`` / ``two_pass``: that engine only (``two_pass`` turns activation checkpointing on; ``one_pass``
-  with ``model.activation_checkpointing=true`` is a contradiction, refused by the config).
+  the one-pass :class:`~oblr.gradnorm.BookKeeper` (no checkpointing), the
+  :class:`~oblr.gradnorm.RecomputeBookKeeper` (checkpointing on, one backward, per-row contributions kept) or the
+  two-pass :class:`~oblr.gradnorm.TwoPassBookKeeper` (checkpointing on, nothing kept per layer, a second
+  backward); methods without exact norms (GRPO family) keep ``model.activation_checkpointing`` as set and only
+  the micro-batch is chosen;
+- ``one_pass`` / ``recompute`` / ``two_pass``: that engine only (``recompute`` and ``two_pass`` turn activation
+  checkpointing on and set ``algorithm.checkpointed_engine``; ``one_pass`` with
+  ``model.activation_checkpointing=true`` is a contradiction, refused by the config).
 
 The budget is ``algorithm.memory_budget_gb`` (decimal GB per device, i.e. per rank), or, on CUDA without one,
 the free memory of the device before the model loads. Choice rule (:func:`choose_plan`): among the allowed
 engines, the largest micro-batch (whole prompt groups, at most the rank's groups and at most a
-``micro_batch_groups`` the user set) whose predicted peak fits; on a tie, no checkpointing (no recomputation,
-no second pass). So a generous budget gives the one-pass engine on the whole batch, a tighter one the
-two-pass engine, a tighter one a smaller micro-batch, and a budget no plan meets is refused with the smallest
-budget that would work (:class:`PlanError`, one line).
+``micro_batch_groups`` the user set) whose predicted peak fits; on a tie, the cheaper engine: one-pass (no
+recomputation), then recompute (one recomputation), then two-pass (a recomputation and a second backward). So a
+generous budget gives the one-pass engine on the whole batch, a tighter one the recompute engine (whose kept
+per-row gradients are small for LoRA and small models), a tighter one the two-pass engine, a tighter one a
+smaller micro-batch, and a budget no plan meets is refused with the smallest budget that would work
+(:class:`PlanError`, one line).
 
 Predicted peak per device = resident state + :func:`oblr.memory_model.step_peak_bytes` of one micro-batch of
 ``groups * G`` sequences of ``prompt + max_new_tokens`` tokens (with ``model.logit_chunk_tokens``, the output
-layer in chunks: refused with the one-pass engine, so ``auto`` then plans two-pass only). Resident: parameters in ``model.dtype`` and
+layer in chunks: refused with the one-pass engine, so ``auto`` then plans checkpointed engines only). Resident: parameters in ``model.dtype`` and
 the optimizer's state (AdamW: two moments in the parameters' dtype; SGD with momentum: one; without: none),
 plus a frozen reference copy when ``algorithm.kl_coef > 0``; under FSDP2 the sharded share of these plus the
 gathered layers of :func:`oblr.memory_model.resident_bytes`. Not modelled: generation (the rollout engine's
@@ -41,15 +47,19 @@ from oblr.registry import Registry
 
 GB = 10**9
 
-#: memory plan name -> the checkpointing settings the planner may choose among (empty: no planning; for
-#: methods without exact norms the user's ``model.activation_checkpointing`` is kept whatever the plan)
+#: memory plan name -> the exact-norm engines the planner may choose among, cheapest first (empty: no planning;
+#: for methods without exact norms the user's ``model.activation_checkpointing`` is kept whatever the plan)
 MEMORY_PLANS = Registry("memory plan")
 MEMORY_PLANS.register("none", ())
-MEMORY_PLANS.register("auto", (False, True))
-MEMORY_PLANS.register("one_pass", (False,))
-MEMORY_PLANS.register("two_pass", (True,))
+MEMORY_PLANS.register("auto", ("one_pass", "recompute", "two_pass"))
+MEMORY_PLANS.register("one_pass", ("one_pass",))
+MEMORY_PLANS.register("recompute", ("recompute",))
+MEMORY_PLANS.register("two_pass", ("two_pass",))
 
-ENGINE_NAMES = {False: "one-pass", True: "two-pass"}  # with exact norms, by checkpointing
+ENGINES = ("one_pass", "recompute", "two_pass")  # cheapest first: the tie-break of choose_plan
+CHECKPOINTED = {"one_pass": False, "recompute": True, "two_pass": True}
+ENGINE_NAMES = {"one_pass": "one-pass", "recompute": "recompute", "two_pass": "two-pass"}
+MODEL_KEYS = {"one_pass": "oblr", "recompute": "oblr_recompute", "two_pass": "oblr_ckpt"}  # oblr.memory_model
 HINT_CHUNK = 512  # the model.logit_chunk_tokens a refusal without chunking suggests
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -73,11 +83,12 @@ class Plan:
     budget_bytes: int
     budget_source: str         # "algorithm.memory_budget_gb" or "free CUDA memory"
     logit_chunk: int = 0       # model.logit_chunk_tokens the prediction assumed (0 = whole logits)
+    checkpointed_engine: str = "two_pass"  # algorithm.checkpointed_engine of the run (with checkpointing)
 
     @property
     def engine(self) -> str:
         if self.exact_norms:
-            return ENGINE_NAMES[self.checkpointing]
+            return ENGINE_NAMES[self.checkpointed_engine if self.checkpointing else "one_pass"]
         return f"checkpointing {'on' if self.checkpointing else 'off'} (no exact norms)"
 
     def line(self) -> str:
@@ -141,29 +152,51 @@ def resident(shape: mm.Shape, *, param_bytes: int, optim_bytes: int, world: int 
     return mm.n_params(shape) * (copies + optim_bytes)
 
 
-def predicted_peak(shape: mm.Shape, *, exact_norms: bool, checkpointing: bool, sequences: int, tokens: int,
+def _engine(e) -> str:
+    """An engine name; ``False`` / ``True`` (the checkpointing setting) mean ``one_pass`` / ``two_pass``."""
+    if isinstance(e, bool):
+        return "two_pass" if e else "one_pass"
+    if e not in CHECKPOINTED:
+        raise ValueError(f"unknown engine {e!r}; known: {', '.join(ENGINES)}")
+    return e
+
+
+def predicted_peak(shape: mm.Shape, *, exact_norms: bool, checkpointing: bool | str, sequences: int, tokens: int,
                    param_bytes: int, resident_bytes: int, world: int = 1, sharded: bool = False,
-                   logit_chunk: int = 0, head_trainable: bool = True) -> int:
-    """Resident state plus the memory model's step peak for one micro-batch of ``sequences``."""
-    key = ("oblr" if exact_norms else "grpo") + ("_ckpt" if checkpointing else "")
+                   logit_chunk: int = 0, head_trainable: bool = True, lora_rank: int = 0,
+                   lora_targets: tuple = mm.LORA_TARGETS) -> int:
+    """Resident state plus the memory model's step peak for one micro-batch of ``sequences``; ``checkpointing``:
+    an engine name (``one_pass``, ``recompute``, ``two_pass``) or the checkpointing setting (False / True =
+    one-pass / two-pass; without exact norms only whether checkpointing is on counts). ``lora_rank`` /
+    ``lora_targets``: LoRA adapters, which the recompute engine's kept contributions are priced for (the other
+    plans count the full model's gradients: conservative)."""
+    e = _engine(checkpointing)
+    key = MODEL_KEYS[e] if exact_norms else ("grpo_ckpt" if CHECKPOINTED[e] else "grpo")
+    extra = {}
+    if key == "oblr_recompute" and lora_rank and lora_targets and set(lora_targets) <= {n for n, *_ in mm.linears(shape)}:
+        extra = {"lora_rank": lora_rank, "lora_targets": tuple(lora_targets)}  # other targets: priced as full
     return resident_bytes + mm.step_peak_bytes(shape, key, sequences, tokens, act_bytes=param_bytes,
                                                grad_bytes=param_bytes, grad_shards=world if sharded else 1,
-                                               logit_chunk=logit_chunk, head_trainable=head_trainable)
+                                               logit_chunk=logit_chunk, head_trainable=head_trainable, **extra)
 
 
-def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allowed: tuple[bool, ...],
+def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allowed: tuple,
                 groups: int, group_size: int, tokens: int, param_bytes: int, resident_bytes: int,
                 world: int = 1, sharded: bool = False, max_groups: int = 0,
                 budget_source: str = "algorithm.memory_budget_gb", logit_chunk: int = 0,
-                head_trainable: bool = True) -> Plan:
+                head_trainable: bool = True, lora_rank: int = 0, lora_targets: tuple = mm.LORA_TARGETS) -> Plan:
     """The plan (module docstring) for a rank with ``groups`` prompt groups of ``group_size`` sequences of
-    ``tokens`` tokens; ``allowed``: the checkpointing settings it may use (False = one pass, True = two
-    pass / checkpointed); ``max_groups``: a micro-batch the user set (0 = none). Raises :class:`PlanError`
-    (one line) for a budget of 0 or below, one below the resident state, or one no plan meets -- then with
-    the smallest budget, rounded up to 0.1 GB, at which this function returns a plan."""
+    ``tokens`` tokens; ``allowed``: the engines it may use (``one_pass``, ``recompute``, ``two_pass``; False /
+    True stand for one-pass / two-pass, and without exact norms for checkpointing off / on); ``max_groups``: a
+    micro-batch the user set (0 = none). Raises :class:`PlanError` (one line) for a budget of 0 or below, one
+    below the resident state, or one no plan meets -- then with the smallest budget, rounded up to 0.1 GB, at
+    which this function returns a plan."""
     key = "config key 'algorithm.memory_budget_gb'"
     if not allowed:
-        raise ValueError("allowed must name at least one checkpointing setting")
+        raise ValueError("allowed must name at least one engine")
+    allowed = tuple(sorted(dict.fromkeys(_engine(e) for e in allowed), key=ENGINES.index))
+    if not exact_norms:  # only the checkpointing setting counts
+        allowed = tuple(dict.fromkeys("two_pass" if CHECKPOINTED[e] else "one_pass" for e in allowed))
     if not budget_bytes > 0:
         raise PlanError(f"{key}: the budget must be > 0 GB, got {budget_bytes / GB:g} ({budget_source})")
     if budget_bytes < resident_bytes:
@@ -173,41 +206,42 @@ def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allo
                         f"no micro-batch can run")
     top = min(groups, max_groups) if max_groups > 0 else groups
 
-    def peak(ckpt: bool, g: int) -> int:
-        return predicted_peak(shape, exact_norms=exact_norms, checkpointing=ckpt, sequences=g * group_size,
+    def peak(engine: str, g: int, chunk: int = logit_chunk) -> int:
+        return predicted_peak(shape, exact_norms=exact_norms, checkpointing=engine, sequences=g * group_size,
                               tokens=tokens, param_bytes=param_bytes, resident_bytes=resident_bytes, world=world,
-                              sharded=sharded, logit_chunk=logit_chunk, head_trainable=head_trainable)
+                              sharded=sharded, logit_chunk=chunk, head_trainable=head_trainable, lora_rank=lora_rank,
+                              lora_targets=lora_targets)
 
     def _chunk_hint() -> str:
         """What chunked logits would need, when they are off, checkpointing is allowed and they would help."""
-        if logit_chunk or True not in allowed or tokens - 1 <= HINT_CHUNK:
+        if logit_chunk or "two_pass" not in allowed or tokens - 1 <= HINT_CHUNK:
             return ""
-        chunked = predicted_peak(shape, exact_norms=exact_norms, checkpointing=True, sequences=group_size,
-                                 tokens=tokens, param_bytes=param_bytes, resident_bytes=resident_bytes, world=world,
-                                 sharded=sharded, logit_chunk=HINT_CHUNK, head_trainable=head_trainable)
-        if chunked >= peak(True, 1):
+        chunked = peak("two_pass", 1, HINT_CHUNK)
+        if chunked >= peak("two_pass", 1):
             return ""
         return (f" (with the output layer in chunks, model.logit_chunk_tokens={HINT_CHUNK}, two-pass needs "
                 f"{_gb(chunked)} GB: docs/scale.md)" if exact_norms else
                 f" (with the output layer in chunks, model.logit_chunk_tokens={HINT_CHUNK}, it needs {_gb(chunked)} GB: "
                 "docs/scale.md)")
 
-    best = None  # (groups, not checkpointing) is the order of preference
-    for ckpt in allowed:
-        g = next((g for g in range(top, 0, -1) if peak(ckpt, g) <= budget_bytes), 0)
-        if g and (best is None or (g, not ckpt) > (best[0], not best[1])):
-            best = (g, ckpt)
+    best = None  # (groups, the cheaper engine) is the order of preference
+    for e in allowed:
+        g = next((g for g in range(top, 0, -1) if peak(e, g) <= budget_bytes), 0)
+        if g and (best is None or g > best[0]):
+            best = (g, e)
     if best is None:
-        need = min(peak(ckpt, 1) for ckpt in allowed)
-        per = ", ".join(f"{ENGINE_NAMES[c] if exact_norms else ('checkpointed' if c else 'not checkpointed')} "
-                        f"{_gb(peak(c, 1))} GB" for c in allowed)
+        need = min(peak(e, 1) for e in allowed)
+        per = ", ".join(f"{ENGINE_NAMES[e] if exact_norms else ('checkpointed' if CHECKPOINTED[e] else 'not checkpointed')} "
+                        f"{_gb(peak(e, 1))} GB" for e in allowed)
         raise PlanError(f"{key}: no plan fits {budget_bytes / GB:g} GB per device ({budget_source}): one group of "
                         f"{group_size} sequences of {tokens} tokens needs {per}; the smallest budget that works is "
                         f"{_gb_up(need):.1f} GB" + _chunk_hint())
-    g, ckpt = best
-    return Plan(exact_norms=exact_norms, checkpointing=ckpt, groups=g, micro_batch_groups=0 if g == groups else g,
-                sequences=g * group_size, tokens=tokens, peak_bytes=peak(ckpt, g), resident_bytes=resident_bytes,
-                budget_bytes=int(budget_bytes), budget_source=budget_source, logit_chunk=logit_chunk)
+    g, e = best
+    return Plan(exact_norms=exact_norms, checkpointing=CHECKPOINTED[e], groups=g,
+                micro_batch_groups=0 if g == groups else g, sequences=g * group_size, tokens=tokens,
+                peak_bytes=peak(e, g), resident_bytes=resident_bytes, budget_bytes=int(budget_bytes),
+                budget_source=budget_source, logit_chunk=logit_chunk,
+                checkpointed_engine=e if CHECKPOINTED[e] and exact_norms else "two_pass")
 
 
 def uses_exact_norms(cfg) -> bool:
@@ -229,9 +263,14 @@ def config_problems(cfg) -> list[tuple[str, str]]:
     if plan == "none":
         if budget is not None and budget > 0:  # a budget out of range is reported by its range
             out.append(("algorithm.memory_budget_gb", f"a budget ({budget:g} GB) is set but algorithm.memory_plan is "
-                        "'none'; set algorithm.memory_plan=auto (or one_pass / two_pass) to plan under it"))
+                        "'none'; set algorithm.memory_plan=auto (or one_pass / recompute / two_pass) to plan under "
+                        "it"))
+        if a.checkpointed_engine != "two_pass" and not cfg.model.activation_checkpointing:
+            out.append(("algorithm.checkpointed_engine", f"{a.checkpointed_engine!r} is the engine used with "
+                        "activation checkpointing, but model.activation_checkpointing is false; set it true (or "
+                        f"algorithm.memory_plan={a.checkpointed_engine}), or leave this key at two_pass"))
         return out + chunk_problems(cfg)
-    if plan in ("one_pass", "two_pass"):
+    if plan in ("one_pass", "recompute", "two_pass"):
         try:
             exact = uses_exact_norms(cfg)
         except (KeyError, ValueError):  # an unknown baseline or schedule is reported on its own
@@ -242,7 +281,11 @@ def config_problems(cfg) -> list[tuple[str, str]]:
                         "memory_plan=auto (it then chooses the micro-batch) and set model.activation_checkpointing"))
     if plan == "one_pass" and cfg.model.activation_checkpointing:
         out.append(("algorithm.memory_plan", "'one_pass' keeps every layer's activations, but "
-                    "model.activation_checkpointing is true; use two_pass or auto, or turn checkpointing off"))
+                    "model.activation_checkpointing is true; use recompute, two_pass or auto, or turn checkpointing "
+                    "off"))
+    if plan in ("one_pass", "recompute", "two_pass") and a.checkpointed_engine not in ("two_pass", plan):
+        out.append(("algorithm.checkpointed_engine", f"{a.checkpointed_engine!r} contradicts algorithm.memory_plan "
+                    f"{plan!r}, which sets the engine itself; leave this key at two_pass"))
     return out + chunk_problems(cfg)
 
 
@@ -265,11 +308,12 @@ def chunk_problems(cfg) -> list[tuple[str, str]]:
         return [(key, "the loop reference (algorithm.norms_method=loop) runs on the one-pass engine, and chunked "
                  "logits need the two-pass engine; use another norms_method, or set it to 0")]
     if exact and a.memory_plan == "one_pass":
-        return [(key, "chunked logits need the two-pass engine (the one-pass engine keeps every chunk's logit "
-                 "gradients anyway); use algorithm.memory_plan two_pass or auto, or set it to 0")]
-    if exact and not m.activation_checkpointing and a.memory_plan not in ("two_pass", "auto"):
-        return [(key, "with exact norms chunked logits need the two-pass engine: set "
-                 "model.activation_checkpointing=true (or algorithm.memory_plan two_pass / auto), or set it to 0")]
+        return [(key, "chunked logits need a checkpointed engine (the one-pass engine keeps every chunk's logit "
+                 "gradients anyway); use algorithm.memory_plan recompute, two_pass or auto, or set it to 0")]
+    if exact and not m.activation_checkpointing and a.memory_plan not in ("recompute", "two_pass", "auto"):
+        return [(key, "with exact norms chunked logits need a checkpointed engine: set "
+                 "model.activation_checkpointing=true (or algorithm.memory_plan recompute / two_pass / auto), or set "
+                 "it to 0")]
     return []
 
 
@@ -324,12 +368,13 @@ def plan_run(cfg, hf_config, *, prompt_len: int, world: int, device) -> Plan | N
     exact = uses_exact_norms(cfg)
     sharded = cfg.distributed.strategy == "fsdp"
     if exact:
-        allowed = tuple(c for c in choices if not ((m.activation_checkpointing or m.logit_chunk_tokens) and not c))
-        if checkpointing_support(hf_config) is False:
-            allowed = tuple(c for c in allowed if not c) or allowed  # two_pass alone: refused by the caller
+        allowed = tuple(e for e in choices
+                        if CHECKPOINTED[e] or not (m.activation_checkpointing or m.logit_chunk_tokens))
+        if checkpointing_support(hf_config) is False:  # a checkpointed engine alone: refused below
+            allowed = tuple(e for e in allowed if not CHECKPOINTED[e]) or allowed
     else:
-        allowed = (m.activation_checkpointing,)
-    if any(allowed):
+        allowed = ("two_pass" if m.activation_checkpointing else "one_pass",)
+    if any(CHECKPOINTED[e] for e in allowed):
         check_checkpointing(hf_config)
     param_bytes = DTYPE_BYTES[m.dtype]
     res = resident(shape, param_bytes=param_bytes, world=world, sharded=sharded, reference=a.kl_coef > 0,
@@ -338,17 +383,20 @@ def plan_run(cfg, hf_config, *, prompt_len: int, world: int, device) -> Plan | N
                        groups=cfg.rollout.prompts_per_step // world, group_size=cfg.rollout.group_size,
                        tokens=prompt_len + cfg.rollout.max_new_tokens, param_bytes=param_bytes, resident_bytes=res,
                        world=world, sharded=sharded, max_groups=a.micro_batch_groups, budget_source=source,
-                       logit_chunk=m.logit_chunk_tokens, head_trainable=m.lora_rank == 0)
+                       logit_chunk=m.logit_chunk_tokens, head_trainable=m.lora_rank == 0, lora_rank=m.lora_rank,
+                       lora_targets=tuple(m.lora_targets))
 
 
 def apply_plan(cfg, plan: Plan | None):
-    """``cfg`` with the plan's checkpointing and micro-batch (a copy; ``cfg`` itself, as saved in the run
-    folder and compared on resume, keeps what the user wrote). No plan: ``cfg`` unchanged."""
+    """``cfg`` with the plan's checkpointing, checkpointed engine and micro-batch (a copy; ``cfg`` itself, as
+    saved in the run folder and compared on resume, keeps what the user wrote). No plan: ``cfg`` unchanged."""
     if plan is None:
         return cfg
     import copy
 
     out = copy.deepcopy(cfg)
     out.model.activation_checkpointing = plan.checkpointing
+    if plan.exact_norms and plan.checkpointing:
+        out.algorithm.checkpointed_engine = plan.checkpointed_engine
     out.algorithm.micro_batch_groups = plan.micro_batch_groups
     return out
