@@ -181,6 +181,9 @@ def run_case(case: Case, *, repeats: int = 3, only: list[str] | None = None, log
     for m in ms:  # warm-up: peak memory and the gradient it computes
         r = rows[m.name]
         try:
+            # the previous method's gradients are freed before the profiler starts: freed inside it, they would
+            # lower this method's peak by their size (the profiler counts the free of a block it saw allocated)
+            opt.zero_grad(set_to_none=True)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
                 _call(m, ctx, opt)
             r.peak_bytes = _peak_bytes(prof)
