@@ -93,6 +93,7 @@ first step against the default run's). What it costs and needs:
 |---|---|---|
 | `algorithm.memory_plan` | `none` (default), `auto`, `one_pass`, `recompute`, `two_pass` | `none`: no planning, `model.activation_checkpointing`, `algorithm.checkpointed_engine` and `algorithm.micro_batch_groups` as given (the default run is unchanged, bit for bit). `auto`: the planner chooses the engine and the micro-batch. `one_pass` / `recompute` / `two_pass`: that engine, the micro-batch chosen; `recompute` and `two_pass` turn `model.activation_checkpointing` on themselves and set `algorithm.checkpointed_engine` |
 | `algorithm.memory_budget_gb` | unset (default) or > 0 | memory per device (per rank), decimal GB. Unset with a plan: the free memory of the CUDA device before the model loads; on CPU a plan needs it |
+| `algorithm.checkpointed_engine` | `two_pass` (default), `recompute` | the exact-norm engine when `model.activation_checkpointing` is on and no plan chooses it (`memory_plan: none`): two-pass keeps nothing per layer and runs a second backward; recompute runs one backward and keeps each layer's per-row gradients. Refused with checkpointing off and no plan, and against a `memory_plan` that names the other engine |
 
 The names are the registry `oblr.train.plan.MEMORY_PLANS` (the one registry pattern, so `oblr train --help`,
 `oblr tasks` and the refusals list them). `one_pass`/`recompute`/`two_pass` name the three exact-norm engines of

@@ -16,9 +16,9 @@
    (``model.logit_chunk_tokens``; 4 with ``--tiny``) against the same loop reference.
 2. **memory** -- random-init models built from Qwen3 configs (``oblr.memory_model.QWEN3``), bf16, one
    micro-batch of ``--seqs`` sequences (2 prompts x 2) of 32 + 992 = 1024 tokens: Qwen3-0.6B shape with
-   ``grpo``, ``oblr`` (one pass), ``grpo_ckpt`` and ``oblr_ckpt`` (two-pass, checkpointing on); Qwen3-4B
-   shape with the checkpointed plans only; both also with the output layer in chunks of ``LOGIT_CHUNK``
-   (``grpo_ckpt_chunk``, ``oblr_ckpt_chunk``). Measured: ``torch.cuda.max_memory_allocated`` during the
+   ``grpo``, ``oblr`` (one pass), ``grpo_ckpt``, ``oblr_ckpt`` (two-pass) and ``oblr_recompute`` (recompute
+   engine; both checkpointing on); Qwen3-4B shape with the checkpointed plans only; both also with the output
+   layer in chunks of ``LOGIT_CHUNK`` (``grpo_ckpt_chunk``, ``oblr_ckpt_chunk``, ``oblr_recompute_chunk``). Measured: ``torch.cuda.max_memory_allocated`` during the
    gradient accumulation (gradients created inside it, no optimizer) minus what was allocated before;
    predicted: :func:`oblr.memory_model.step_peak_bytes` (bf16 activations and gradients). On CPU the peak
    is torch's CPU allocator's, as ``benchmarks/memory.py`` measures it.
@@ -60,9 +60,9 @@ ETA_MAX = 1e-3
 EXACT_CASE = Case(hidden=256, layers=4, vocab=4096, prompt_len=32, response_len=64, n_prompts=3, group_size=4,
                   heads=4, kv_heads=2, head_dim=64, intermediate=768, tied=True)
 EXACT_TINY = Case(hidden=64, layers=2, vocab=256, prompt_len=6, response_len=10, n_prompts=3, group_size=4)
-CKPT_PLANS = ("grpo_ckpt", "oblr_ckpt")
+CKPT_PLANS = ("grpo_ckpt", "oblr_ckpt", "oblr_recompute")
 #: the checkpointed plans with the output layer in chunks of LOGIT_CHUNK positions (model.logit_chunk_tokens)
-CHUNK_PLANS = ("grpo_ckpt_chunk", "oblr_ckpt_chunk")
+CHUNK_PLANS = ("grpo_ckpt_chunk", "oblr_ckpt_chunk", "oblr_recompute_chunk")
 LOGIT_CHUNK = 512
 TINY_CHUNK = 8  # --tiny: T = 32, so several chunks as well
 # (label, shape, plans); tiny: small shapes of the same structure

@@ -99,7 +99,7 @@ def summarize(root: Path) -> str:
     for name, run in runs.items():
         times = {(r["model"], r["tokens"], r["plan"]): r["step_seconds"] for r in run["rows"] if "step_seconds" in r}
         for (model, T, plan), sec in sorted(times.items()):
-            twin = (model, T, "grpo" + plan.removeprefix("oblr"))
+            twin = (model, T, "grpo" + plan.removeprefix("oblr").replace("_recompute", "_ckpt"))
             if plan.startswith("oblr") and twin in times:
                 ratio = sec / times[twin]
                 ratio_rows.append((name, model, T, plan, ratio))
