@@ -155,6 +155,9 @@ def parse_tables(paths: list[Path]) -> list[dict]:
 
 def case_shape(case: str) -> tuple[mm.Shape, int, int, int]:
     """(shape, rows B, padded tokens T, group G) of a ``step_methods.Case`` name."""
+    if "; LoRA" in case:
+        raise ValueError(f"{case!r}: the FLOP model counts full fine-tuning, not LoRA; keep LoRA tables out of "
+                         "--results")
     m = CASE_RE.fullmatch(case)
     if not m:
         raise ValueError(f"not a step_cost case name: {case!r}")

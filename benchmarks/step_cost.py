@@ -62,9 +62,11 @@ FULL_CASES = [
     # whole or in chunks (--methods grpo_ckpt,oblr_ckpt,grpo_ckpt_chunk,oblr_ckpt_chunk --cases 8; the recompute
     # engine: oblr_recompute, oblr_recompute_chunk)
     Case(hidden=128, layers=8, vocab=16384, prompt_len=32, response_len=992, n_prompts=2, group_size=4),
-    # the recompute engine's regime: case 7's real shape with LoRA (r = 8 on q/k/v/o) and a longer response,
-    # checkpointing on (--methods grpo_ckpt,oblr_ckpt,oblr_recompute --cases 9)
-    Case(hidden=576, layers=30, vocab=49152, prompt_len=32, response_len=480, n_prompts=2, group_size=4,
+    # the recompute engine at case 7's real shape with a longer response, checkpointing on: full fine-tuning
+    # (case 9), then LoRA r = 8 on q/k/v/o (case 10); --methods grpo_ckpt,oblr_ckpt,oblr_recompute --cases 9,10
+    Case(hidden=576, layers=30, vocab=49152, prompt_len=32, response_len=224, n_prompts=2, group_size=2,
+         heads=9, kv_heads=3, head_dim=64, intermediate=1536),
+    Case(hidden=576, layers=30, vocab=49152, prompt_len=32, response_len=224, n_prompts=2, group_size=2,
          heads=9, kv_heads=3, head_dim=64, intermediate=1536, lora_rank=8),
 ]
 

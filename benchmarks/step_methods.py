@@ -81,7 +81,7 @@ class Case:
     #: a real checkpoint instead of the random Qwen3 (anything ``model.name_or_path`` takes, e.g.
     #: ``prepared:smollm2-135m-instruct``); ``hidden``/``layers``/``vocab``/``tied`` are then read from it
     model: str = ""
-    #: with ``model``: train LoRA adapters of this rank (alpha 2 x rank) on :data:`LORA_TARGETS` (0 = every weight)
+    #: train LoRA adapters of this rank (alpha 2 x rank) on :data:`LORA_TARGETS` (0 = every weight)
     lora_rank: int = 0
 
     @property
@@ -96,8 +96,9 @@ class Case:
         default = (self.heads, self.kv_heads, self.head_dim, self.intermediate) == (4, 2, 0, 0)
         arch = "" if default else (f"; heads {self.heads}/{self.kv_heads} of {self.head_dim or self.hidden // self.heads},"
                                    f" MLP {self.intermediate or 3 * self.hidden}")
+        lora = f"; LoRA r={self.lora_rank} on {'/'.join(LORA_TARGETS)}" if self.lora_rank else ""
         return (f"hidden {self.hidden}, {self.layers} layers, vocab {self.vocab} ({tie}); "
-                f"T = {self.prompt_len}+{self.response_len}; B = {self.n_prompts}x{self.group_size}{mb}{arch}")
+                f"T = {self.prompt_len}+{self.response_len}; B = {self.n_prompts}x{self.group_size}{mb}{arch}{lora}")
 
 
 def qwen3_config(case: Case):
@@ -115,8 +116,8 @@ def qwen3_config(case: Case):
 
 
 def build_model(case: Case, seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """Random-init ``Qwen3ForCausalLM`` of :func:`qwen3_config` (train mode) in ``dtype`` on ``device``; with
-    ``case.model``, that checkpoint (:func:`oblr.models.load_model_and_tokenizer`), LoRA-wrapped when
+    """Random-init ``Qwen3ForCausalLM`` of :func:`qwen3_config` (train mode) in ``dtype`` on ``device``, or with
+    ``case.model`` that checkpoint (:func:`oblr.models.load_model_and_tokenizer`); LoRA-wrapped when
     ``case.lora_rank``."""
     from transformers import Qwen3ForCausalLM
 
@@ -130,7 +131,12 @@ def build_model(case: Case, seed: int = 0, dtype: torch.dtype = torch.float32, d
         return model.train()
     with torch.device(device):
         model = Qwen3ForCausalLM(qwen3_config(case))
-    return model.to(dtype).train()
+    model = model.to(dtype)
+    if case.lora_rank:
+        from oblr.models import wrap_lora
+
+        model = wrap_lora(model, rank=case.lora_rank, alpha=2 * case.lora_rank, targets=list(LORA_TARGETS))
+    return model.train()
 
 
 def build_batch(case: Case, seed: int = 0, vocab: int | None = None):
