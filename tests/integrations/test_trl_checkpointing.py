@@ -172,7 +172,7 @@ def test_chunked_output_layer_refusals():
     base = dict(output_dir="unused", per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
                 use_cpu=True, bf16=False, report_to=[])
     with pytest.raises(ValueError, match="oblr_logit_chunk_tokens=8 is not supported: with exact norms the "
-                                         "chunked output layer needs the two-pass engine"):
+                                         "chunked output layer needs a checkpointed engine"):
         OBLRGRPOConfig(**base, oblr_logit_chunk_tokens=8)
     with pytest.raises(ValueError, match="oblr_logit_chunk_tokens=-1 is not supported"):
         OBLRGRPOConfig(**base, oblr_logit_chunk_tokens=-1)
