@@ -231,10 +231,10 @@ def test_recompute_kept_bytes_match_the_engine(tied):
     """kept_bytes against what RecomputeBookKeeper holds after its backward, byte for byte: float32 and bf16,
     short (factors kept) and long (per-row gradients kept) rows, LoRA, the output layer in chunks."""
     import torch
-    from step_methods import Case
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import memory
+    from step_methods import Case
 
     for dtype, nbytes in ((torch.float32, 4), (torch.bfloat16, 2)):
         for resp in (2, 16, 60):

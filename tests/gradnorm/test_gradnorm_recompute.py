@@ -171,6 +171,18 @@ def test_a_failed_backward_answers_nothing_and_misuse_is_refused():
     assert not book._handles
 
 
+def test_a_sharded_model_without_a_grad_sink_is_refused(monkeypatch):
+    """On an FSDP2-sharded model the increments must go to the sharded .grad (a grad_sink); written as whole
+    tensors into DTensor parameters they would be wrong, so the engine refuses before any forward."""
+    import oblr.distributed.fsdp as fsdp
+
+    model = _ckpt(tiny_qwen3(seed=3))
+    monkeypatch.setattr(fsdp, "is_sharded", lambda m: True)
+    with pytest.raises(ValueError, match="FSDP2-sharded model needs a grad_sink"):
+        RecomputeBookKeeper(model)
+    RecomputeBookKeeper(model, grad_sink=lambda p, inc: None)  # with a sink: accepted
+
+
 def test_grad_sink_receives_every_increment():
     model = _ckpt(tiny_qwen3(seed=3))
     ids, am, rm = _batch(model.config.vocab_size)

@@ -223,6 +223,10 @@ def test_plan_run_without_exact_norms_keeps_the_checkpointing_setting():
     cfg = _cfg("algorithm.memory_plan=two_pass", "algorithm.memory_budget_gb=1")
     p = plan_run(cfg, _hf_config(), prompt_len=16, world=1, device="cpu")
     assert p.engine == "two-pass" and apply_plan(cfg, p).algorithm.checkpointed_engine == "two_pass"
+    # norms_method ghost / materialize keep every weight's factors, which the model does not price: no recompute
+    cfg = _cfg("algorithm.memory_plan=auto", "algorithm.memory_budget_gb=1", "model.activation_checkpointing=true",
+               "algorithm.norms_method=ghost")
+    assert plan_run(cfg, _hf_config(), prompt_len=16, world=1, device="cpu").engine == "two-pass"
 
 
 def test_plan_run_on_cuda_without_a_budget_takes_the_free_memory(monkeypatch):

@@ -45,7 +45,9 @@ class RecomputeBookKeeper(TwoPassBookKeeper):
     called again with another objective of the same forward when ``retain_graph`` was given (the new
     contributions replace the old ones); every grouping can be queried; ``accumulate_grad`` returns the
     squared norm of what it added and may be called more than once. Hooks are removed when the last
-    ``backward`` ends (no ``retain_graph``) or by ``clear()``.
+    ``backward`` ends (no ``retain_graph``) or by ``clear()``. Methods "auto" | "ghost" | "materialize"
+    (``allow_loop_fallback`` is accepted and ignored: no loop fallback); on an FSDP2-sharded model a ``grad_sink``
+    is required.
     """
 
     def __init__(self, model: nn.Module, method: str = "auto", allow_loop_fallback: bool = False,
@@ -54,6 +56,10 @@ class RecomputeBookKeeper(TwoPassBookKeeper):
             raise ValueError("RecomputeBookKeeper: method 'loop' is the one-pass BookKeeper's reference; use "
                              "BookKeeper")
         super().__init__(model, method=method)  # grad_sink=None: the two-pass check would refuse it off FSDP2
+        if self._fsdp and grad_sink is None:
+            raise ValueError("RecomputeBookKeeper: an FSDP2-sharded model needs a grad_sink for the sharded .grad "
+                             "(oblr.distributed.fsdp.ShardedGradSink, as oblr.update is given one); without it the "
+                             "whole gradients would be written into the DTensor parameters")
         self._sink = _add_grad if grad_sink is None else grad_sink
         self._retained = False
 

@@ -246,7 +246,7 @@ def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allo
 
 def uses_exact_norms(cfg) -> bool:
     """Whether a step of ``cfg`` takes the book-keeping path (exact weights, or S and V for the schedule or
-    ``algorithm.track_snr``) -- the one the two engines serve (:mod:`oblr.update`)."""
+    ``algorithm.track_snr``) -- the one the exact-norm engines serve (:mod:`oblr.update`)."""
     from oblr.estimators import get_estimator
     from oblr.schedules import SCHEDULES
 
@@ -283,6 +283,11 @@ def config_problems(cfg) -> list[tuple[str, str]]:
         out.append(("algorithm.memory_plan", "'one_pass' keeps every layer's activations, but "
                     "model.activation_checkpointing is true; use recompute, two_pass or auto, or turn checkpointing "
                     "off"))
+    if plan == "recompute" and a.norms_method != "auto":
+        out.append(("algorithm.memory_plan", f"'recompute' is priced for algorithm.norms_method=auto (which keeps "
+                    f"per-row gradients where they are smaller than their factors); with {a.norms_method!r} it "
+                    "keeps every weight's factors, which the memory model does not price; use norms_method=auto, "
+                    "or memory_plan two_pass"))
     if plan in ("one_pass", "recompute", "two_pass") and a.checkpointed_engine not in ("two_pass", plan):
         out.append(("algorithm.checkpointed_engine", f"{a.checkpointed_engine!r} contradicts algorithm.memory_plan "
                     f"{plan!r}, which sets the engine itself; leave this key at two_pass"))
@@ -370,6 +375,8 @@ def plan_run(cfg, hf_config, *, prompt_len: int, world: int, device) -> Plan | N
     if exact:
         allowed = tuple(e for e in choices
                         if CHECKPOINTED[e] or not (m.activation_checkpointing or m.logit_chunk_tokens))
+        if a.norms_method != "auto":  # the recompute engine's kept contributions are priced for auto only
+            allowed = tuple(e for e in allowed if e != "recompute")
         if checkpointing_support(hf_config) is False:  # a checkpointed engine alone: refused below
             allowed = tuple(e for e in allowed if not CHECKPOINTED[e]) or allowed
     else:
