@@ -70,3 +70,15 @@ class ToyLM(nn.Module):
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b).abs() / b.abs().clamp_min(1e-12)).max())
+
+
+def checkpointed(model, reentrant: bool = False):
+    """``model`` in train mode with Hugging Face activation checkpointing on (non-reentrant by default)."""
+    model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    return model
+
+
+def grad_err(got, ref) -> float:
+    """Largest relative max-abs error over a list of gradient tensors."""
+    return max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(got, ref))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_llama, tiny_qwen3
+from gradnorm_helpers import checkpointed as _ckpt
+from gradnorm_helpers import grad_err as _grad_err
 from gradnorm_helpers import make_batch, rel_err
 
 from oblr.gradnorm import (
@@ -21,19 +23,11 @@ from oblr.logprobs import sequence_logprobs, token_logprobs
 RTOL = 1e-5
 
 
-def _ckpt(model, reentrant: bool = False):
-    model.train()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-    return model
-
 
 def _batch(vocab):
     ids, am, rm = make_batch(vocab, [3, 4, 2, 5, 3, 3, 4], [5, 2, 6, 4, 3, 1, 3], seed=2)
     return ids, am, rm
 
-
-def _grad_err(got, ref):
-    return max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(got, ref))
 
 
 def _two_pass(model, ids, am, rm, coeffs, gid, method):

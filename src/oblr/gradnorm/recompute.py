@@ -32,9 +32,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .contrib import Dense, Grouping, half_factors, tf32_products
+from .contrib import Grouping, half_factors, tf32_products
 from .engine import BookKeeper, _add_grad, _Hooked
-from .twopass import TwoPassBookKeeper
+from .twopass import TwoPassBookKeeper, _add_to_row_sum
 
 
 class RecomputeBookKeeper(TwoPassBookKeeper):
@@ -118,15 +118,7 @@ class RecomputeBookKeeper(TwoPassBookKeeper):
         for lname, c in h.rule.fn(h.module, x, g.detach(), h.names).items():
             e = h.params[lname]
             if id(e) in self._summed_entries:  # a module called several times: one running per-row sum
-                if not e.contribs:
-                    e.contribs.append(Dense(torch.zeros((B, *c.shape), dtype=torch.float32, device=g.device),
-                                            owned=True))
-                acc = e.contribs[0].z
-                if isinstance(c, Dense):
-                    acc += c.z
-                else:
-                    with tf32_products(half_factors([c])):
-                        c.add_to(acc)
+                _add_to_row_sum(e, c, B, g.device)
             else:
                 with tf32_products(half_factors([c])):
                     self._add(e, c)

@@ -191,16 +191,8 @@ class TwoPassBookKeeper(BookKeeper):
                              "the engine needs batch-first activations with independent rows")
         for lname, c in h.rule.fn(h.module, x, g.detach(), h.names).items():
             e = h.params[lname]
-            if id(e) in self._summed_entries:  # a module called several times (a chunked output layer):
-                if not e.contribs:                 # one running per-row sum, never a list of factors
-                    e.contribs.append(Dense(torch.zeros((B, *c.shape), dtype=torch.float32, device=g.device),
-                                            owned=True))
-                acc = e.contribs[0].z
-                if isinstance(c, Dense):
-                    acc += c.z
-                else:
-                    with tf32_products(half_factors([c])):
-                        c.add_to(acc)
+            if id(e) in self._summed_entries:  # a module called several times (a chunked output layer)
+                _add_to_row_sum(e, c, B, g.device)
             elif id(e) in self._kept_entries:
                 e.contribs.append(c)
             else:
@@ -264,3 +256,15 @@ class TwoPassBookKeeper(BookKeeper):
         self._hooked = hooked
         return hooked
 
+
+def _add_to_row_sum(e, c, B: int, device) -> None:
+    """Add contribution ``c`` into ``e``'s one running float32 per-row sum ``[B, *shape]`` (created on first use):
+    a module called several times (a chunked output layer) keeps that sum, never a list of factors."""
+    if not e.contribs:
+        e.contribs.append(Dense(torch.zeros((B, *c.shape), dtype=torch.float32, device=device), owned=True))
+    acc = e.contribs[0].z
+    if isinstance(c, Dense):
+        acc += c.z
+    else:
+        with tf32_products(half_factors([c])):
+            c.add_to(acc)
