@@ -19,8 +19,9 @@ zero-gradient tokens, make its CPU count smaller):
 
   * kept dense (per-row gradient no larger than its factors): one ``[R, T] x [T, C]`` product per row
     (``2 B T R C``), then ``w_i`` is a reduction and the weighted gradient a ``2 B R C`` regrouping;
-  * otherwise ``w_i`` by ghost norm (Grams ``2 B T^2 R`` and ``2 B T^2 C``, the input's Gram shared by
-    q/k/v and by gate/up) or by materialisation (``2 B T R C``), whichever the engine's cost model picks,
+  * otherwise ``w_i`` by ghost norm (Grams ``2 B E R`` and ``2 B E C``, the input's Gram shared by
+    q/k/v and by gate/up; ``E = strip_entries(T)``, about ``5/8 T^2``: each Gram's lower-triangle strips)
+    or by materialisation (``2 B T R C``), whichever the engine's cost model picks,
     and the weighted gradient with the group norms as one product per group (``2 B T R C``);
   * norm weights are reduced rows (``2 B n`` for the regrouping); a tied embedding's entry holds the
     ``lm_head`` factors and the embedding's token ids (no FLOPs for the ids' side);
@@ -47,9 +48,17 @@ from __future__ import annotations
 from .memory_model import KEEP_DENSE_SLACK, PLANS, QWEN3, Shape, keep_dense  # noqa: F401 -- re-exported
 from .memory_model import linears as _linears
 
-#: mirror of ``oblr.gradnorm.contrib.MEMORY_COST`` (tests check it agrees; ``KEEP_DENSE_SLACK`` and
-#: ``keep_dense``, the mirror of ``contrib.keep_dense``, are :mod:`oblr.memory_model`'s)
+#: mirrors of ``oblr.gradnorm.contrib.MEMORY_COST``, ``GRAM_STRIPS`` and ``MIN_STRIP`` (tests check they agree;
+#: ``KEEP_DENSE_SLACK`` and ``keep_dense``, the mirror of ``contrib.keep_dense``, are :mod:`oblr.memory_model`'s)
 MEMORY_COST = 8
+GRAM_STRIPS = 16
+MIN_STRIP = 48
+
+
+def strip_entries(T: int) -> int:
+    """``contrib.strip_entries``: entries of a symmetric ``[T, T]`` Gram formed as lower-triangle strips."""
+    w = max(MIN_STRIP, -(-T // GRAM_STRIPS))
+    return sum((T - s) * min(w, T - s) for s in range(0, T, w))
 
 
 def _norm_sizes(s: Shape) -> list[int]:
@@ -59,8 +68,8 @@ def _norm_sizes(s: Shape) -> list[int]:
 
 def use_ghost(contribs: list[tuple[int, int, bool]], T: int) -> bool:
     """``contrib.use_ghost`` for Outer contributions ``(R, C, is_index)`` of one parameter, ``T`` tokens."""
-    ghost = sum(T * T * ((1 if ai or bi else ar) + ac + MEMORY_COST)
-                for ar, ac, ai in contribs for _, _, bi in contribs)
+    ghost = sum((strip_entries(T) if i == j else T * T) * ((1 if ai or bi else ar) + ac + MEMORY_COST)
+                for i, (ar, ac, ai) in enumerate(contribs) for j, (_, _, bi) in enumerate(contribs))
     mat = sum(T * c * (1 if ix else r) + MEMORY_COST * r * c for r, c, ix in contribs)
     return ghost < mat
 
@@ -95,6 +104,7 @@ def attention_forward(s: Shape, batch: int, tokens: int, attn_factor: float = 1.
 def _one_pass_norms(s: Shape, B: int, T: int, factor_bytes: int) -> tuple[int, int]:
     """(w_i work, weighted-gradient + group-norm work) of the one-pass engine under ``auto``."""
     norms = assembly = 0
+    E = strip_entries(T)  # a parameter's own Grams are formed as lower-triangle strips
     cached = None  # GramCache: the last input whose Gram was formed
     # the embedding entry comes first (tied: lm_head's factors and the ids; untied: the ids alone)
     h, V = s.hidden, s.vocab
@@ -105,7 +115,7 @@ def _one_pass_norms(s: Shape, B: int, T: int, factor_bytes: int) -> tuple[int, i
         else:
             c = [(V, h, False), (V, h, True)]
             if use_ghost(c, T):  # (head, head): left and right Grams; (head, ids), (ids, ids): right Grams
-                norms += 2 * B * T * T * V + 3 * 2 * B * T * T * h
+                norms += 2 * B * E * V + 2 * 2 * B * E * h + 2 * B * T * T * h
                 cached = "emb_out"
             else:
                 norms += 2 * B * T * V * h
@@ -115,7 +125,7 @@ def _one_pass_norms(s: Shape, B: int, T: int, factor_bytes: int) -> tuple[int, i
             assembly += 2 * B * V * h
         else:
             if use_ghost([(V, h, True)], T):
-                norms += 2 * B * T * T * h
+                norms += 2 * B * E * h
                 cached = "emb_out"
     for layer in range(s.layers):
         for _, R, C, key in _linears(s):
@@ -124,9 +134,9 @@ def _one_pass_norms(s: Shape, B: int, T: int, factor_bytes: int) -> tuple[int, i
                 assembly += 2 * B * R * C
                 continue
             if use_ghost([(R, C, False)], T):
-                norms += 2 * B * T * T * R
+                norms += 2 * B * E * R
                 if cached != (layer, key):
-                    norms += 2 * B * T * T * C
+                    norms += 2 * B * E * C
                     cached = (layer, key)
             else:
                 norms += 2 * B * T * R * C
@@ -138,7 +148,7 @@ def _one_pass_norms(s: Shape, B: int, T: int, factor_bytes: int) -> tuple[int, i
             assembly += 2 * B * V * h
         else:
             if use_ghost([(V, h, False)], T):
-                norms += 2 * B * T * T * V + 2 * B * T * T * h  # its input (the final norm's output) is new
+                norms += 2 * B * E * V + 2 * B * E * h  # its input (the final norm's output) is new
             else:
                 norms += 2 * B * T * V * h
             assembly += 2 * B * T * V * h

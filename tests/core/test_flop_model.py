@@ -111,6 +111,9 @@ def test_mirrored_constants_and_decisions_agree_with_the_engine():
     from oblr.gradnorm.contrib import Outer
 
     assert fm.KEEP_DENSE_SLACK == contrib.KEEP_DENSE_SLACK and fm.MEMORY_COST == contrib.MEMORY_COST
+    assert (fm.GRAM_STRIPS, fm.MIN_STRIP) == (contrib.GRAM_STRIPS, contrib.MIN_STRIP)
+    for T in (1, 2, 15, 16, 17, 31, 33, 64, 65, 100, 160, 1024):
+        assert fm.strip_entries(T) == contrib.strip_entries(T)
     for T in (2, 7, 16, 40):
         for R in (3, 16, 50):
             for C in (4, 16, 33):

@@ -66,3 +66,29 @@ def test_windows_match_loop(left_pad):
             assert torch.allclose(p.grad, w, rtol=TOL, atol=1e-5 * w.abs().max()), method
             p.grad = None
         book.clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_token_windows_reads_whole_tokens_where_the_probe_sees_zeros(dtype):
+    """Tokens whose first elements are zero but not the rest, at a row's edges and inside it; -0.0 and NaN
+    (a layer's output gradient is -0.0 on padding and prompt tokens, e.g. gate_proj's)."""
+    from oblr.gradnorm import contrib
+
+    n = contrib.WINDOW_PROBE + 5
+    g = torch.zeros(4, 12, n, dtype=dtype)
+    g[0, 3:9] = 1.0
+    g[0, 1, -1] = 2.0  # zero where the probe looks: still the window's first token
+    g[0, 10, n - 2] = -1.0  # and its last
+    g[1, 5, -1] = 3.0  # the probe sees nothing in the whole row
+    g[2, 4:6] = 1.0
+    g[2, 8, -1] = -0.0  # -0.0 is zero: it does not widen the window
+    g[3, 2, 0] = float("nan")
+    c = Outer(g, torch.randn(4, 12, 3), (n, 3))
+    first, last = contrib.token_windows(c)
+    assert first[:2] == [1, 5] and last[:2] == [11, 6]
+    assert (first[2], last[2]) == (4, 6)
+    assert (first[3], last[3]) == (2, 3)
+    exact = g.float().ne(0).any(-1) | g.float().isnan().any(-1)
+    for k in range(4):  # never narrower than the exact window
+        idx = exact[k].nonzero().flatten().tolist()
+        assert first[k] <= idx[0] and last[k] >= idx[-1] + 1

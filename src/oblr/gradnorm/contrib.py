@@ -56,6 +56,25 @@ HALF = (torch.bfloat16, torch.float16)
 #: float32 (``benchmarks/gpu/memory_check.py --fp32-compare`` measures the difference)
 TF32_HALF_PRODUCTS = True
 
+#: a parameter's own Grams (``x x^T``, ``g g^T`` of one row: symmetric) are formed as at most this many column
+#: strips of their lower triangle (:func:`strip_bounds`), about ``(n + 1) / (2 n)`` of a full product's work
+GRAM_STRIPS = 16
+#: the narrowest strip: a row of at most this many tokens gets one full product. Narrower products run at a
+#: lower rate; 48 was the fastest on this project's CPU at the ghost path's shapes (``benchmarks/gram_strips.py``)
+MIN_STRIP = 48
+
+
+def strip_bounds(T: int) -> list[tuple[int, int]]:
+    """``(start, width)`` of the column strips of a symmetric ``[T, T]`` Gram: strip ``j`` holds rows
+    ``start:`` of columns ``start:start + width``, i.e. its diagonal block and everything below it."""
+    w = max(MIN_STRIP, -(-T // GRAM_STRIPS))
+    return [(s, min(w, T - s)) for s in range(0, T, w)]
+
+
+def strip_entries(T: int) -> int:
+    """Entries of a ``[T, T]`` Gram that :func:`strip_bounds`' strips form (``T^2`` for one strip)."""
+    return sum((T - s) * w for s, w in strip_bounds(T))
+
 
 def tf32_eligible(device_type: str, dtypes) -> bool:
     """True when products of factors of ``dtypes`` on ``device_type`` may run as TF32: on CUDA, with every
@@ -298,6 +317,56 @@ class Dense:
         return self.z
 
 
+class RowProducts:
+    """Grouped sums of a windowed :class:`Outer`'s rows, computed row by row: sample ``k`` is
+    ``sum_m scale[k, m] left[i, a:b]^T right[i, a:b]`` (``i = index[k, m]``, ``a:b`` row i's token window).
+
+    One ``[R, n] x [n, C]`` product per row, accumulated with the row's coefficient as the product's scale
+    (``addmm``): no scaled or packed copy of the factors, and each row's zero-gradient tokens skipped. What
+    :meth:`Outer.regroup` followed by ``materialize`` computes, for the per-group products of the weighted
+    gradient (:func:`regroup_for_products`)."""
+
+    is_index = False
+
+    def __init__(self, outer: Outer, parts: list[list[tuple[int, float]]]):
+        self.outer, self.parts = outer, parts
+        self.shape, self.R, self.C = outer.shape, outer.R, outer.C
+
+    @property
+    def K(self) -> int:
+        return len(self.parts)
+
+    def slice(self, k0: int, k1: int) -> RowProducts:
+        return RowProducts(self.outer, self.parts[k0:k1])
+
+    def add_to(self, z: Tensor) -> None:
+        """``z += G`` in place (``z`` [K, *shape] float32)."""
+        out = z.view(self.K, self.R, self.C)
+        first, last = self.outer.win
+        left, right = self.outer.left, self.outer.right
+        for k, part in enumerate(self.parts):
+            for i, s in part:
+                a, b = first[i], last[i]
+                out[k].addmm_(left[i, a:b].float().T, right[i, a:b].float(), alpha=s)
+
+    def materialize(self) -> Tensor:
+        """[K, *shape] float32."""
+        out = torch.zeros(self.K, self.R, self.C, dtype=torch.float32, device=self.outer.right.device)
+        self.add_to(out)
+        return out.reshape(self.K, *self.shape)
+
+
+def regroup_for_products(c, grp: Grouping):
+    """``c.regroup(grp)`` for assemblies that materialise each sample (the weighted gradient, its group sums):
+    a windowed float :class:`Outer` becomes :class:`RowProducts`; anything else is regrouped as usual."""
+    if not isinstance(c, Outer) or c.win is None or c.is_index or grp.index is None:
+        return c.regroup(grp)
+    first, last = c.win
+    parts = [[(i, s) for i, s in zip(idx, sc) if s != 0 and last[i] > first[i]]
+             for idx, sc in zip(grp.index.tolist(), grp.scale.tolist())]
+    return RowProducts(c, parts)
+
+
 Contribution = Outer | Dense
 
 
@@ -319,8 +388,30 @@ def _left_gram(a: Outer, b: Outer) -> Tensor:
     return torch.bmm(a.left, b.left.transpose(1, 2))
 
 
+def sym_strips(t: Tensor, dtype: torch.dtype = torch.float32) -> list[Tensor]:
+    """The lower-triangle strips of ``t t^T`` per sample (:func:`strip_bounds`): ``t`` [K, T, d] float gives
+    ``[K, T - start, width]`` each; ``t`` [K, T] token ids stand for one-hot rows (their Gram is equality, as
+    ``dtype``)."""
+    if t.is_floating_point():
+        return [torch.bmm(t[:, s:], t[:, s:s + w].transpose(1, 2)) for s, w in strip_bounds(t.shape[1])]
+    return [(t[:, s:, None] == t[:, None, s:s + w]).to(dtype) for s, w in strip_bounds(t.shape[1])]
+
+
+def strips_dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
+    """``<A, B>`` per sample for two symmetric Grams given as :func:`sym_strips` of one length: each strip's
+    diagonal block counted once, the blocks below it twice. [K] float32."""
+    total = 0
+    for x, y in zip(a, b):
+        K, w = x.shape[0], x.shape[2]
+        whole = torch.linalg.vecdot(x.reshape(K, -1), y.reshape(K, -1))
+        diag = torch.linalg.vecdot(x[:, :w].reshape(K, -1), y[:, :w].reshape(K, -1))
+        total = total + 2 * whole - diag
+    return total
+
+
 class GramCache:
-    """Per-sample Grams ``right right^T`` [k, T, T] of the last right factor seen, by chunk.
+    """Per-sample Grams ``right right^T`` of the last right factor seen: whole [k, T, T] by chunk, or the
+    lower-triangle strips (:func:`sym_strips`) by chunk or by one row's token window.
 
     Parameters that read the same input (q/k/v projections, gate/up projections: the same ``x`` tensor)
     are assembled one after another, so remembering one tensor's Grams saves recomputing ``x x^T``.
@@ -330,37 +421,48 @@ class GramCache:
     def __init__(self):
         self._key = None
         self._tensor: Tensor | None = None  # held so that its memory cannot be reused by another tensor
-        self._grams: dict[tuple[int, int], Tensor] = {}
+        self._grams: dict[tuple, Tensor | list[Tensor]] = {}
+
+    def _get(self, t: Tensor, key: tuple, make):
+        tkey = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+        if tkey != self._key:
+            self._key, self._tensor, self._grams = tkey, t, {}
+        g = self._grams.get(key)
+        if g is None:
+            g = self._grams[key] = make()
+        return g
 
     def gram(self, t: Tensor, k0: int, k1: int) -> Tensor:
-        key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
-        if key != self._key:
-            self._key, self._tensor, self._grams = key, t, {}
-        g = self._grams.get((k0, k1))
-        if g is None:
-            tc = t[k0:k1]
-            g = self._grams[(k0, k1)] = torch.bmm(tc, tc.transpose(1, 2))
-        return g
+        """``t[k] t[k]^T`` for samples ``k0:k1``: [k1-k0, T, T]."""
+        return self._get(t, ("gram", k0, k1), lambda: torch.bmm(t[k0:k1], t[k0:k1].transpose(1, 2)))
 
-    def gram_row(self, t: Tensor, k: int, a: int, b: int) -> Tensor:
-        """``t[k, a:b] t[k, a:b]^T`` [b-a, b-a], cached like :meth:`gram`."""
-        key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
-        if key != self._key:
-            self._key, self._tensor, self._grams = key, t, {}
-        g = self._grams.get(("row", k, a, b))
-        if g is None:
-            r = t[k, a:b]
-            g = self._grams[("row", k, a, b)] = r @ r.T
-        return g
+    def strips(self, t: Tensor, k0: int, k1: int) -> list[Tensor]:
+        """:func:`sym_strips` of samples ``k0:k1``."""
+        return self._get(t, ("strips", k0, k1), lambda: sym_strips(t[k0:k1]))
+
+    def strips_row(self, t: Tensor, k: int, a: int, b: int) -> list[Tensor]:
+        """:func:`sym_strips` of sample ``k``'s tokens ``a:b`` (one sample)."""
+        return self._get(t, ("row", k, a, b), lambda: sym_strips(t[k:k + 1, a:b]))
+
+
+def _self_inner(a: Outer, rs: list[Tensor] | None) -> Tensor:
+    """``||G_a[k]||^2`` from the strips of both Grams (``rs``: the right factor's, if already formed)."""
+    return strips_dot(sym_strips(a.left, a.right.dtype), sym_strips(a.right) if rs is None else rs)
 
 
 def ghost_inner(a: Outer, b: Outer, cache: GramCache | None = None) -> Tensor:
-    """<G_a[k], G_b[k]> = sum_{t,s} (left_a,t . left_b,s)(right_a,t . right_b,s). [K] float32."""
+    """<G_a[k], G_b[k]> = sum_{t,s} (left_a,t . left_b,s)(right_a,t . right_b,s). [K] float32.
+
+    With ``a is b`` both Grams are symmetric and only their lower-triangle strips are formed
+    (:func:`sym_strips`, :func:`strips_dot`)."""
     if a.win is not None or b.win is not None:
         return _ghost_inner_windows(a, b, cache)
     out = []
     for k0, k1 in _chunks(a.K, 2 * a.T * b.T):
         ac, bc = a.slice(k0, k1), b.slice(k0, k1)
+        if a is b:
+            out.append(_self_inner(ac, None if cache is None else cache.strips(a.right, k0, k1)))
+            continue
         if cache is not None and a.right is b.right:
             gr = cache.gram(a.right, k0, k1)
         else:
@@ -380,13 +482,19 @@ def _ghost_inner_windows(a: Outer, b: Outer, cache: GramCache | None) -> Tensor:
         if la[k] <= fa[k] or lb[k] <= fb[k]:
             out.append(a.right.new_zeros((), dtype=torch.float32))
             continue
-        ak, bk = a.row(k, fa[k], la[k]), b.row(k, fb[k], lb[k])
-        if cache is not None and a.right is b.right and (fa[k], la[k]) == (fb[k], lb[k]):
-            gr = cache.gram_row(a.right, k, fa[k], la[k])
-        else:
-            gr = ak.right[0] @ bk.right[0].T
+        ak = a.row(k, fa[k], la[k])
+        if a is b:
+            rs = None if cache is None else cache.strips_row(a.right, k, fa[k], la[k])
+            out.append(_self_inner(ak, rs)[0])
+            continue
+        bk = b.row(k, fb[k], lb[k])
+        gr = ak.right[0] @ bk.right[0].T
         out.append(torch.linalg.vecdot(_left_gram(ak, bk).reshape(-1), gr.reshape(-1)))
     return torch.stack(out)
+
+
+#: leading elements of each token's gradient that :func:`token_windows` reads first
+WINDOW_PROBE = 8
 
 
 def token_windows(c: Outer) -> tuple[list[int], list[int]] | None:
@@ -395,12 +503,25 @@ def token_windows(c: Outer) -> tuple[list[int], list[int]] | None:
     The gradient factor is ``left`` for a Linear (the output gradient) and ``right`` for token ids (the
     embedding's output gradient). In a causal LM with right-padded rows every layer's output gradient is zero
     after a row's last token, and an output head's is zero on the prompt, so these tokens can be skipped
-    exactly. Returns None when the windows would drop less than ``TRIM_MIN_FRACTION`` of the tokens (one
-    pass over the factor and one host sync).
+    exactly. Returns None when the windows would drop less than ``TRIM_MIN_FRACTION`` of the tokens.
+
+    Work: every token's first ``WINDOW_PROBE`` elements are read; a token found non-zero there is inside the
+    window, so only the tokens before a row's first and after its last such token are read in full (a
+    gradient row is rarely zero in its first elements unless it is zero: mostly the padding and prompt).
     """
     g = c.right if c.is_index else c.left
     K, T = g.shape[0], g.shape[1]
-    nz = g.reshape(K, T, -1).ne(0).any(-1).to(torch.uint8)  # [K, T]
+    g = g.reshape(K, T, -1)
+    nz = g[:, :, :WINDOW_PROBE].ne(0).any(-1)  # [K, T]: True means non-zero; False: not known yet
+    if g.shape[2] > WINDOW_PROBE:
+        t = torch.arange(T, device=g.device)
+        has = nz.any(1)
+        f0 = torch.where(has, nz.to(torch.uint8).argmax(1), T)
+        l0 = torch.where(has, T - nz.to(torch.uint8).flip(1).argmax(1), 0)
+        edge = (t[None, :] < f0[:, None]) | (t[None, :] >= l0[:, None])  # tokens that decide the window
+        if bool(edge.any()):
+            nz[edge] = g[edge].ne(0).any(-1)
+    nz = nz.to(torch.uint8)
     has = nz.any(1).bool()
     first = torch.where(has, nz.argmax(1), 0)
     last = torch.where(has, T - nz.flip(1).argmax(1), 0)
@@ -411,11 +532,13 @@ def token_windows(c: Outer) -> tuple[list[int], list[int]] | None:
 
 
 def ghost_cost(contribs: list[Outer]) -> int:
-    """Multiply-adds of the Gram products plus ``MEMORY_COST`` per element of the [T, T] Grams."""
+    """Multiply-adds of the Gram products plus ``MEMORY_COST`` per element of the Grams: ``T_a T_b`` elements
+    for a pair of two contributions, :func:`strip_entries` for a contribution with itself."""
     cost = 0
     for a in contribs:
         for b in contribs:
-            cost += a.T * b.T * ((1 if a.is_index or b.is_index else a.R) + a.C + MEMORY_COST)
+            n = strip_entries(a.T) if a is b else a.T * b.T
+            cost += n * ((1 if a.is_index or b.is_index else a.R) + a.C + MEMORY_COST)
     return cost
 
 
@@ -449,7 +572,7 @@ def materialized_sum(contribs: list[Contribution]) -> Tensor:
     added into it in place: a scatter for token ids, a batched matmul-add otherwise)."""
     if len(contribs) == 1:
         return contribs[0].materialize()
-    order = sorted(contribs, key=lambda c: 0 if isinstance(c, Outer) and not c.is_index else 1)
+    order = sorted(contribs, key=lambda c: 0 if isinstance(c, Outer | RowProducts) and not c.is_index else 1)
     total = order[0].materialize()
     if isinstance(order[0], Dense):
         total = total.clone()
@@ -469,7 +592,7 @@ def grouped_sums(contribs: list[Contribution], grp: Grouping) -> tuple[Tensor, T
     weighted gradient come from one pass (for an Outer: one ``[R, M T] x [M T, C]`` product per group, the
     same work as the ordinary weight gradient).
     """
-    regrouped = [c.regroup(grp) for c in contribs]
+    regrouped = [regroup_for_products(c, grp) for c in contribs]
     sq, total = [], None
     for k0, k1 in _chunks(grp.K, _numel(regrouped[0].shape)):
         m = materialized_sum([c.slice(k0, k1) for c in regrouped]).reshape(k1 - k0, -1)

@@ -44,6 +44,7 @@ from .contrib import (
     half_factors,
     keep_dense,
     materialized_sum,
+    regroup_for_products,
     sq_norm,
     tf32_products,
     token_windows,
@@ -373,9 +374,9 @@ class BookKeeper:
             if not e.contribs:
                 continue
             with tf32_products(half_factors(e.contribs)):
-                inc = materialized_sum([c.regroup(grp) for c in e.contribs])[0]
+                inc = materialized_sum([regroup_for_products(c, grp) for c in e.contribs])[0]
             sq = sq + inc.pow(2).sum()
-            self._sink(e.param, inc)
+            self._give(e.param, inc)
         return sq
 
     def accumulate_grad_with_group_norms(self, coeffs: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -395,8 +396,15 @@ class BookKeeper:
             with tf32_products(half_factors(e.contribs)):
                 e_sq, inc = grouped_sums(e.contribs, grp)
             sq = sq + e_sq
-            self._sink(e.param, inc)
+            self._give(e.param, inc)
         return sq
+
+    def _give(self, p: nn.Parameter, inc: torch.Tensor) -> None:
+        """Hand a freshly assembled increment to the sink (the default one keeps it as ``.grad``, uncopied)."""
+        if self._sink is _add_grad:
+            _add_grad(p, inc, owned=True)
+        else:
+            self._sink(p, inc)
 
     def clear(self) -> None:
         """Free every stored activation, gradient and contribution."""
@@ -433,10 +441,12 @@ def make_book(model: nn.Module, method: str = "auto", grad_sink=None, engine: st
     return BookKeeper(model, method=method, grad_sink=grad_sink)
 
 
-def _add_grad(p: nn.Parameter, inc: torch.Tensor) -> None:
-    """``p.grad += inc`` (created if None), in the parameter's dtype."""
+def _add_grad(p: nn.Parameter, inc: torch.Tensor, owned: bool = False) -> None:
+    """``p.grad += inc`` (created if None), in the parameter's dtype. ``owned``: nothing else holds ``inc``,
+    so a new ``.grad`` may be ``inc`` itself rather than a copy."""
     if p.grad is None:
-        p.grad = inc.to(p.dtype).reshape(p.shape).clone()
+        g = inc.to(p.dtype).reshape(p.shape)
+        p.grad = g if owned and g.is_contiguous() else g.clone()
     else:
         p.grad.add_(inc.to(p.grad.dtype).reshape(p.shape))
 
