@@ -223,50 +223,55 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     parts: list[Estimate] = []
     old_lps, ref_lps, gks = [], [], []
     loss_sum, ent_sum, kl_sum = rmf.new_zeros(()), rmf.new_zeros(()), rmf.new_zeros(())
-    for k0, k1, rows in micro_batches(N, G, settings.micro_batch_groups):
-        r_mb, rm_mb, c_mb = rewards[k0:k1], rmf[rows], scale[rows]
-        local_groups = torch.arange(k1 - k0, device=rmf.device).repeat_interleave(G)
-        ref_lp = _reference_logprobs(ref_model, ids[rows], am[rows], rm[rows], settings, autocast) if kl_on else None
-        with book.record() if book is not None else nullcontext():
-            logits, tok_lp, ent = _scored_logprobs(model, ids[rows], am[rows], rm[rows], settings, autocast,
-                                                   entropy=True)
-            seq_lp = sequence_logprobs(tok_lp, rm_mb)
-            if book is not None and (source == "exact" or not kl_on):
-                book.backward(seq_lp, retain_graph=kl_on, group_ids=local_groups)  # s_i; with KL, kept for obj_i
-        ent_sum = ent_sum + (ent if logits is None else _entropy_sum(logits, rm_mb, settings.temperature))
+    try:
+        for k0, k1, rows in micro_batches(N, G, settings.micro_batch_groups):
+            r_mb, rm_mb, c_mb = rewards[k0:k1], rmf[rows], scale[rows]
+            local_groups = torch.arange(k1 - k0, device=rmf.device).repeat_interleave(G)
+            ref_lp = _reference_logprobs(ref_model, ids[rows], am[rows], rm[rows], settings, autocast) if kl_on else None
+            with book.record() if book is not None else nullcontext():
+                logits, tok_lp, ent = _scored_logprobs(model, ids[rows], am[rows], rm[rows], settings, autocast,
+                                                       entropy=True)
+                seq_lp = sequence_logprobs(tok_lp, rm_mb)
+                if book is not None and (source == "exact" or not kl_on):
+                    book.backward(seq_lp, retain_graph=kl_on, group_ids=local_groups)  # s_i; with KL, kept for obj_i
+            ent_sum = ent_sum + (ent if logits is None else _entropy_sum(logits, rm_mb, settings.temperature))
 
-        weights = None
-        if source is not None:
-            weights = WEIGHT_SOURCES.get(source)(book, logits, ids[rows], rm_mb, c_mb).view(k1 - k0, G)
-        est = estimate(settings.baseline, r_mb, weights=weights, lengths=lengths[k0:k1],
-                       **settings.baseline_options)
-        parts.append(est)
-        coeffs = -est.advantages.reshape(-1).to(torch.float32) * c_mb  # d loss / d l_i
-        obj = coeffs * seq_lp
-        if kl_on:
-            kl = sequence_kl(tok_lp, ref_lp, rm_mb)
-            obj = obj + settings.kl_coef * c_mb * kl
-            kl_sum = kl_sum + kl.detach().sum()
-            ref_lps.append(ref_lp)
+            weights = None
+            if source is not None:
+                weights = WEIGHT_SOURCES.get(source)(book, logits, ids[rows], rm_mb, c_mb).view(k1 - k0, G)
+            est = estimate(settings.baseline, r_mb, weights=weights, lengths=lengths[k0:k1],
+                           **settings.baseline_options)
+            parts.append(est)
+            coeffs = -est.advantages.reshape(-1).to(torch.float32) * c_mb  # d loss / d l_i
+            obj = coeffs * seq_lp
+            if kl_on:
+                kl = sequence_kl(tok_lp, ref_lp, rm_mb)
+                obj = obj + settings.kl_coef * c_mb * kl
+                kl_sum = kl_sum + kl.detach().sum()
+                ref_lps.append(ref_lp)
 
-        if book is None:
-            if settings.assemble_grad:
-                obj.sum().backward()
-        else:
-            row_coeffs = coeffs
-            if kl_on:  # the records of obj_i itself: each row's gradient includes its KL term
-                book.backward(obj, group_ids=local_groups)
-                row_coeffs = torch.ones_like(coeffs)
-            if settings.need_snr:  # .grad and ||g_k||^2 (g_k = N sum_{i in k} grad obj_i) from one pass
-                gk = (book.accumulate_grad_with_group_norms(row_coeffs, local_groups) if settings.assemble_grad
-                      else book.group_sq_norms(row_coeffs, local_groups))
-                gks.append(gk * (n_total * n_total))
-            elif settings.assemble_grad:
-                book.accumulate_grad(row_coeffs)
+            if book is None:
+                if settings.assemble_grad:
+                    obj.sum().backward()
+            else:
+                row_coeffs = coeffs
+                if kl_on:  # the records of obj_i itself: each row's gradient includes its KL term
+                    book.backward(obj, group_ids=local_groups)
+                    row_coeffs = torch.ones_like(coeffs)
+                if settings.need_snr:  # .grad and ||g_k||^2 (g_k = N sum_{i in k} grad obj_i) from one pass
+                    gk = (book.accumulate_grad_with_group_norms(row_coeffs, local_groups) if settings.assemble_grad
+                          else book.group_sq_norms(row_coeffs, local_groups))
+                    gks.append(gk * (n_total * n_total))
+                elif settings.assemble_grad:
+                    book.accumulate_grad(row_coeffs)
+                book.clear()
+            loss_sum = loss_sum + obj.detach().sum()
+            old_lps.append(tok_lp.detach())
+            del logits, tok_lp, seq_lp, obj
+    except BaseException:
+        if book is not None:  # no hook, graph or kept contribution outlives a failed step (two-pass Taps included)
             book.clear()
-        loss_sum = loss_sum + obj.detach().sum()
-        old_lps.append(tok_lp.detach())
-        del logits, tok_lp, seq_lp, obj
+        raise
 
     est = Estimate.cat(parts)
     metrics = est.metrics()

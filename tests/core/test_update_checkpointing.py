@@ -100,6 +100,34 @@ def test_checkpointed_update_without_snr_and_without_assembly(engine):
     assert _rel(res.per_prompt_sq_norms, loop[0].per_prompt_sq_norms) < RTOL
 
 
+@pytest.mark.parametrize("engine", ["two_pass", "recompute"])
+def test_a_step_that_fails_after_the_retained_backward_leaves_no_hooks(engine, monkeypatch):
+    """With KL the first backward keeps the graph (and the two-pass engine its Taps) for the second one; an
+    error in between (here the estimator) must not leave hooks on the model: the next step is exact."""
+    import oblr.update as update
+
+    model, ref = _models(False)
+    batch, rewards = _batch(model.config.vocab_size)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    want = _run(model, batch, rewards, ref, kl_coef=0.2, micro_batch_groups=1, checkpointed_engine=engine)
+    hooks = sum(len(m._forward_hooks) for m in model.modules())  # checkpointing's own (the embedding's) included
+    real = update.estimate
+
+    def fail_second(*a, **k):  # the second micro-batch's estimator raises
+        fail_second.calls += 1
+        if fail_second.calls == 2:
+            raise RuntimeError("injected")
+        return real(*a, **k)
+
+    fail_second.calls = 0
+    monkeypatch.setattr(update, "estimate", fail_second)
+    with pytest.raises(RuntimeError, match="injected"):
+        _run(model, batch, rewards, ref, kl_coef=0.2, micro_batch_groups=1, checkpointed_engine=engine)
+    assert sum(len(m._forward_hooks) for m in model.modules()) == hooks
+    monkeypatch.setattr(update, "estimate", real)
+    _same(_run(model, batch, rewards, ref, kl_coef=0.2, micro_batch_groups=1, checkpointed_engine=engine), want)
+
+
 @pytest.mark.parametrize("tied,lora,kl_coef,micro,sampling", [
     (True, False, 0.0, 0, (1.0, 1.0)),
     (True, False, 0.2, 1, (0.7, 1.0)),   # KL's second norm pass, micro-batches, temperature
