@@ -168,7 +168,13 @@ def _grads(ctx: Ctx) -> torch.Tensor:
 
 
 def run_case(case: Case, *, repeats: int = 3, only: list[str] | None = None, log=None) -> CaseResult:
-    """Warm-up (memory + gradient check) and ``repeats`` interleaved timed calls of every method on ``case``."""
+    """A warm-up call of every method (and the gradient it computes), ``repeats`` interleaved timed calls, then
+    one profiled call of each for its peak memory.
+
+    The profiled calls come last: after torch's profiler has recorded memory in a process, later steps were
+    seen to fault in several times more pages (system time) than before it, more so for the engines that
+    make many small allocations (case 7 on 2 CPU cores: OBLR-PO's system time per step 0.6-0.9 s before a
+    profiled call, 1.4-2.9 s after it; GRPO's 0.6-1.1 s), which a training process never pays."""
     model = build_model(case)
     batch, rewards = build_batch(case, vocab=model.config.vocab_size if case.model else None)
     ctx = Ctx(model, batch, rewards, max_len=case.response_len, micro_batch_groups=case.micro_batch_groups)
@@ -180,15 +186,10 @@ def run_case(case: Case, *, repeats: int = 3, only: list[str] | None = None, log
     ms = [m for m in methods() if only is None or m.name in only or m.name == "grpo"]
     rows = {m.name: Row(m.name, m.what) for m in ms}
     ref = None
-    for m in ms:  # warm-up: peak memory and the gradient it computes
+    for m in ms:  # warm-up: the gradient each method computes
         r = rows[m.name]
         try:
-            # the previous method's gradients are freed before the profiler starts: freed inside it, they would
-            # lower this method's peak by their size (the profiler counts the free of a block it saw allocated)
-            opt.zero_grad(set_to_none=True)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-                _call(m, ctx, opt)
-            r.peak_bytes = _peak_bytes(prof)
+            _call(m, ctx, opt)
             g = _grads(ctx)
             if m.name == "oblr":
                 ref = g
@@ -205,6 +206,13 @@ def run_case(case: Case, *, repeats: int = 3, only: list[str] | None = None, log
             rows[m.name].times.append(_call(m, ctx, opt))
         if log:
             log(f"  repeat {rep + 1}/{repeats}: " + ", ".join(f"{m.name} {rows[m.name].times[-1]:.2f}s" for m in live))
+    for m in live:  # peak memory, after every timed call
+        # the previous method's gradients are freed before the profiler starts: freed inside it, they would
+        # lower this method's peak by their size (the profiler counts the free of a block it saw allocated)
+        opt.zero_grad(set_to_none=True)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            _call(m, ctx, opt)
+        rows[m.name].peak_bytes = _peak_bytes(prof)
     return CaseResult(case, [rows[m.name] for m in ms], sum(p.numel() for p in ctx.params()))
 
 
