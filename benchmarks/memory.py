@@ -46,19 +46,19 @@ micro-batch
 `memory_plan`). For Qwen3-4B in bf16 with AdamW in one process (N = 8 prompts of up to 256 tokens, G = 8,
 `rollout.max_new_tokens=1024`) the planner's output (computed, not run) is
 
-    [oblr] plan: two-pass, micro-batch 1 group (8 sequences of 1280 tokens), predicted peak 58.2 GB of 80 per device (algorithm.memory_budget_gb; resident 24.1 GB)
+    [oblr] <<PLAN_1024>>
 
-and with 4096 new tokens it refuses: `no plan fits 80 GB per device (algorithm.memory_budget_gb): one group
-of 8 sequences of 4352 tokens needs one-pass 333 GB, recompute 236 GB, two-pass 138 GB; the smallest budget that works is
-138.2 GB (with the output layer in chunks, model.logit_chunk_tokens=512, two-pass needs 54 GB: docs/scale.md)`
+and with 4096 new tokens it refuses: `<<REFUSAL_4096>>`
 (the hint appears when chunking is off and would fit). The micro-batch is counted in whole prompt groups (a group's G sequences share one backward, for
 its norm `||g_k||^2`), and at such lengths the float32 logit-sized tensors of one group dominate. With the
 output layer in chunks (`model.logit_chunk_tokens=512`, below) the same run is planned:
 
-    [oblr] plan: two-pass, micro-batch 1 group (8 sequences of 4352 tokens), output layer in chunks of 512 positions, predicted peak 54 GB of 80 per device (algorithm.memory_budget_gb; resident 24.1 GB)
+    [oblr] <<PLAN_4096_CHUNKED>>
 
-and with 8192 new tokens (8448 per sequence) the prediction is 63.6 GB (computed, not run; tests/train/test_plan.py
-checks the 4096-token case).
+and with 8192 new tokens (8448 per sequence) the prediction is <<PEAK_8192_CHUNKED>> GB (computed, not run; tests/train/test_plan.py
+checks the 4096-token case). These lines are the planner's own output, computed when this file is written. A
+micro-batch of one group out of eight: the later micro-batches hold the earlier ones' gradients (8 GB here),
+and the prediction counts them.
 
 ### Chunked logits: `model.logit_chunk_tokens`
 
@@ -256,13 +256,14 @@ CHUNK_PLANS = {"grpo_ckpt_chunk": "grpo_ckpt", "oblr_ckpt_chunk": "oblr_ckpt", "
 CHUNK_CASES = {(128, 2, 1024), (256, 2, 1024), (128, 4, 512), (128, 2, 256)}
 
 
-def predicted(s: mm.Shape, method: str, b: int, t: int) -> int:
-    """The memory model's step peak for a ``step_methods`` method name."""
+def predicted(s: mm.Shape, method: str, b: int, t: int, grads_live: bool = False) -> int:
+    """The memory model's step peak for a ``step_methods`` method name (``b``: sequences per micro-batch;
+    ``grads_live``: the batch is split, so later micro-batches hold the earlier ones' gradients)."""
     from step_methods import LOGIT_CHUNK
 
     if method in CHUNK_PLANS:
-        return mm.step_peak_bytes(s, CHUNK_PLANS[method], b, t, logit_chunk=LOGIT_CHUNK)
-    return mm.step_peak_bytes(s, method, b, t)
+        return mm.step_peak_bytes(s, CHUNK_PLANS[method], b, t, logit_chunk=LOGIT_CHUNK, grads_live=grads_live)
+    return mm.step_peak_bytes(s, method, b, t, grads_live=grads_live)
 
 
 def plans_of(h: int, layers: int, resp: int) -> list[str]:
@@ -289,7 +290,9 @@ def measure(case, plans=mm.PLANS) -> list[dict]:
     for p in ctx.params():
         p.grad = torch.zeros_like(p)
     opt.step()  # the optimizer state exists before every measurement
-    s, b, t = shape_of(case), case.n_prompts * case.group_size, case.prompt_len + case.response_len
+    s, t = shape_of(case), case.prompt_len + case.response_len
+    split = 0 < case.micro_batch_groups < case.n_prompts  # later micro-batches hold the earlier ones' gradients
+    b = (case.micro_batch_groups if split else case.n_prompts) * case.group_size
     n = sum(p.numel() for p in ctx.params())
     if n != mm.n_params(s):
         raise RuntimeError(f"memory model counts {mm.n_params(s)} parameters, the model has {n}")
@@ -302,7 +305,7 @@ def measure(case, plans=mm.PLANS) -> list[dict]:
         except Exception as e:  # noqa: BLE001 -- one line naming the method
             raise RuntimeError(f"{m.name} failed on {case.name}: {type(e).__name__}: {e}") from e
         peak = _peak_bytes(prof)
-        pred = predicted(s, m.name, b, t)
+        pred = predicted(s, m.name, b, t, grads_live=split)
         rows.append(dict(case=case, plan=m.name, measured=peak, predicted=pred, ratio=peak / pred))
     return rows
 
@@ -340,6 +343,32 @@ def projection_table(tokens=(1024, 4096, 8192), budget_gb: float = 80.0, world: 
     return "\n".join(out)
 
 
+def planner_footer() -> str:
+    """``DOC_FOOTER`` with the planner's lines for Qwen3-4B computed now (oblr.train.plan; one process, bf16,
+    AdamW, N = 8 prompts of up to 256 tokens, G = 8, budget 80 GB, memory_plan=auto)."""
+    from oblr.train.plan import GB, PlanError, choose_plan, optimizer_state_bytes, resident
+
+    s4 = mm.QWEN3["Qwen3-4B"]
+    res = resident(s4, param_bytes=2, optim_bytes=optimizer_state_bytes("adamw", 0.0, 2))
+    kw = dict(budget_bytes=80 * GB, exact_norms=True, allowed=("one_pass", "recompute", "two_pass"), groups=8,
+              group_size=8, param_bytes=2, resident_bytes=res)
+    try:
+        choose_plan(s4, tokens=256 + 4096, **kw)
+        raise RuntimeError("the 4096-token case was expected to be refused with whole logits")
+    except PlanError as e:
+        refusal = str(e).split(": ", 1)[1]
+    fills = {
+        "<<PLAN_1024>>": choose_plan(s4, tokens=256 + 1024, **kw).line(),
+        "<<REFUSAL_4096>>": refusal,
+        "<<PLAN_4096_CHUNKED>>": choose_plan(s4, tokens=256 + 4096, logit_chunk=512, **kw).line(),
+        "<<PEAK_8192_CHUNKED>>": f"{choose_plan(s4, tokens=256 + 8192, logit_chunk=512, **kw).peak_bytes / GB:.1f}",
+    }
+    out = DOC_FOOTER
+    for k, v in fills.items():
+        out = out.replace(k, v)
+    return out
+
+
 def write_doc(path: Path, tables: str) -> None:
     """docs/scale.md: ``DOC_HEADER`` and ``tables``, then the FLOP section that ``flop_ratios.py`` owns, kept
     as it is in the file, then ``DOC_FOOTER`` (choosing a plan under a budget)."""
@@ -348,7 +377,7 @@ def write_doc(path: Path, tables: str) -> None:
     if flop_ratios.BEGIN in old and flop_ratios.END in old:
         kept = old.split(flop_ratios.BEGIN, 1)[1].split(flop_ratios.END, 1)[0]
         text += "\n" + flop_ratios.BEGIN + kept + flop_ratios.END + "\n"
-    path.write_text(text + "\n" + DOC_FOOTER)
+    path.write_text(text + "\n" + planner_footer())
 
 
 def main(argv=None) -> int:

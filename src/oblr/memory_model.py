@@ -243,23 +243,34 @@ def kept_bytes(s: Shape, batch: int, tokens: int, act_bytes: int = 4, logit_chun
 
 def step_peak_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4, grad_bytes: int = 4,
                     grad_shards: int = 1, logit_chunk: int = 0, head_trainable: bool = True, *,
-                    lora_rank: int = 0, lora_targets=LORA_TARGETS) -> int:
+                    lora_rank: int = 0, lora_targets=LORA_TARGETS, grads_live: bool = False) -> int:
     """Peak of one step above the resident model, optimizer state and batch (what ``benchmarks/memory.py``
     measures on CPU): kept activations plus the largest of the step's phases (:func:`phase_bytes`).
     ``lora_rank``/``lora_targets``: LoRA adapters instead of full fine-tuning; only ``oblr_recompute`` uses
     them (its kept contributions and gradients are the adapters'); the other plans count the full model's
-    gradients whatever they are (conservative)."""
+    gradients whatever they are (conservative). ``grads_live``: a micro-batch after the first of a split
+    batch, which starts with every gradient buffer held (:func:`phase_bytes`)."""
     if batch < 1 or tokens < 2:
         raise ValueError(f"need batch >= 1 and tokens >= 2, got batch={batch}, tokens={tokens}")
     return (activation_bytes(s, plan, batch, tokens, act_bytes)
             + max(phase_bytes(s, plan, batch, tokens, act_bytes, grad_bytes, grad_shards, logit_chunk,
-                              head_trainable, lora_rank=lora_rank, lora_targets=lora_targets).values()))
+                              head_trainable, lora_rank=lora_rank, lora_targets=lora_targets,
+                              grads_live=grads_live).values()))
+
+
+#: the phase of each plan in which its gradient buffers are formed (counted there already)
+_GRADS_FORMED = {"grpo_ckpt": "recompute", "oblr_ckpt": "recompute", "oblr_recompute": "assembly"}
 
 
 def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4, grad_bytes: int = 4,
                 grad_shards: int = 1, logit_chunk: int = 0, head_trainable: bool = True, *,
-                lora_rank: int = 0, lora_targets=LORA_TARGETS) -> dict[str, int]:
-    """What each phase adds on top of the kept activations:
+                lora_rank: int = 0, lora_targets=LORA_TARGETS, grads_live: bool = False) -> dict[str, int]:
+    """What each phase adds on top of the kept activations (``grads_live``: every gradient buffer is held
+    from the start, the sum of the earlier micro-batches of a split batch; then each phase other than the one
+    forming the gradients counts them too: ``P grad_bytes / grad_shards``, the adapters' with LoRA under
+    ``oblr_recompute``; the gradients a phase forms are increments added in place, counted as before, except
+    the output layer's in the ``logits`` phase, which is not counted then: measured, it is added in before
+    that phase's peak):
 
     - ``logits`` (start of the backward): the logit-sized tensors and ``lm_head``'s gradient (the first one
       formed; none for the one-pass engine, whose backward forms no weight gradient);
@@ -293,10 +304,24 @@ def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4
     :class:`oblr.gradnorm.TwoPassBookKeeper`).
     """
     if plan == "oblr_recompute":
-        return _recompute_phases(s, batch, tokens, act_bytes, grad_bytes, grad_shards, logit_chunk, head_trainable,
-                                 lora_rank, lora_targets)
+        out = _recompute_phases(s, batch, tokens, act_bytes, grad_bytes, grad_shards, logit_chunk, head_trainable,
+                                lora_rank, lora_targets)
+        live = lora_params(s, lora_rank, lora_targets) * grad_bytes // grad_shards
+    else:
+        out = _plain_phases(s, plan, batch, tokens, act_bytes, grad_bytes, grad_shards, logit_chunk, head_trainable,
+                            grads_live)
+        live = n_params(s) * grad_bytes // grad_shards
+    if grads_live:
+        out = {k: v + (0 if k == _GRADS_FORMED.get(plan) else live) for k, v in out.items()}
+    return out
+
+
+def _plain_phases(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int, grad_bytes: int, grad_shards: int,
+                  logit_chunk: int, head_trainable: bool, grads_live: bool = False) -> dict[str, int]:
+    """:func:`phase_bytes` of every plan but ``oblr_recompute`` (with ``grads_live`` the output layer's
+    gradient is an increment added into the held one, not a new buffer of the logits phase)."""
     grads = n_params(s) * grad_bytes // grad_shards
-    head_grad = s.vocab * s.hidden * grad_bytes // grad_shards
+    head_grad = 0 if grads_live else s.vocab * s.hidden * grad_bytes // grad_shards
     out = {"logits": logits_bytes(s, plan, batch, tokens, logit_chunk) + (0 if plan == "oblr" else head_grad)}
     if plan.endswith("_ckpt"):
         out["recompute"] = recompute_bytes(s, batch, tokens, act_bytes) + grads

@@ -54,7 +54,7 @@ def test_doc_section_is_the_scripts_output_and_the_header_is_memory_pys():
 
     doc = (ROOT / "docs/scale.md").read_text()
     assert doc.startswith(memory.DOC_HEADER)
-    assert doc.endswith(memory.DOC_FOOTER), "docs/scale.md's planner section differs from benchmarks/memory.py's"
+    assert doc.endswith(memory.planner_footer()), "docs/scale.md's planner section differs from benchmarks/memory.py's"
     block = flop_ratios.render(flop_ratios.parse_tables(flop_ratios.DEFAULT_RESULTS))
     assert block in doc, "docs/scale.md is stale: run python benchmarks/flop_ratios.py --doc docs/scale.md"
 

@@ -36,7 +36,7 @@ def plan(budget_gb, exact=True, allowed=(False, True), **kw):
 
 def peak(ckpt, groups, exact=True):
     return predicted_peak(S, exact_norms=exact, checkpointing=ckpt, sequences=8 * groups, tokens=1024,
-                          param_bytes=2, resident_bytes=RES) / GB
+                          param_bytes=2, resident_bytes=RES, split=groups < KW["groups"]) / GB
 
 
 def test_the_constructed_case_orders_the_plans_as_the_tests_assume():
@@ -85,7 +85,7 @@ def test_a_budget_below_the_resident_state_or_not_positive_is_refused():
 
 def epeak(engine, groups, **kw):
     return predicted_peak(S, exact_norms=True, checkpointing=engine, sequences=8 * groups, tokens=1024,
-                          param_bytes=2, resident_bytes=RES, **kw) / GB
+                          param_bytes=2, resident_bytes=RES, split=groups < KW["groups"], **kw) / GB
 
 
 @pytest.mark.parametrize("lora_rank", [0, 8])
@@ -361,13 +361,13 @@ def test_checkpointing_a_model_that_cannot_is_one_line_before_the_model(small_bu
 
 def test_chunked_logits_bring_the_papers_long_responses_under_80_gb():
     """Qwen3-4B, one process, bf16 AdamW, a group of 8 sequences of 256 + 4096 tokens: refused with whole
-    logits (138 GB), planned two-pass with the output layer in chunks; chunking does not pay at short lengths
+    logits (145 GB with the earlier micro-batches' gradients), planned two-pass with the output layer in chunks; chunking does not pay at short lengths
     for OBLR-PO (its float32 per-row sum of the output layer's gradient, 8 x vocab x hidden)."""
     s4 = mm.QWEN3["Qwen3-4B"]
     res = resident(s4, param_bytes=2, optim_bytes=optimizer_state_bytes("adamw", 0.0, 2))
     kw = dict(budget_bytes=80 * GB, exact_norms=True, allowed=(True,), groups=8, group_size=8, tokens=4352,
               param_bytes=2, resident_bytes=res)
-    with pytest.raises(PlanError, match=r"two-pass 138 GB; the smallest budget that works is [\d.]+ GB \(with the output "
+    with pytest.raises(PlanError, match=r"two-pass 145 GB; the smallest budget that works is [\d.]+ GB \(with the output "
                        r"layer in chunks, model.logit_chunk_tokens=512, two-pass needs [\d.]+ GB: docs/scale.md\)$"):
         choose_plan(s4, **kw)
     with pytest.raises(PlanError, match=r"the smallest budget that works is [\d.]+ GB$"):  # no hint: chunks are on
@@ -376,7 +376,8 @@ def test_chunked_logits_bring_the_papers_long_responses_under_80_gb():
     assert (p.engine, p.logit_chunk) == ("two-pass", 256) and p.groups >= 1 and p.peak_bytes <= 80 * GB
     assert "output layer in chunks of 256 positions, predicted peak" in p.line()
     lora = choose_plan(s4, **kw, logit_chunk=256, head_trainable=False)
-    assert lora.peak_bytes < p.peak_bytes  # no per-row sum when the output layer is frozen
+    # no per-row sum when the output layer is frozen: a smaller peak, or room for more groups
+    assert lora.groups > p.groups or (lora.groups == p.groups and lora.peak_bytes < p.peak_bytes)
     short = dict(kw, tokens=1280)
     assert (choose_plan(s4, **short, logit_chunk=1024).peak_bytes > choose_plan(s4, **short).peak_bytes)
     # GRPO: no per-row sum, chunking only removes logits

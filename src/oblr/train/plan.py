@@ -28,7 +28,9 @@ smaller micro-batch, and a budget no plan meets is refused with the smallest bud
 
 Predicted peak per device = resident state + :func:`oblr.memory_model.step_peak_bytes` of one micro-batch of
 ``groups * G`` sequences of ``prompt + max_new_tokens`` tokens (with ``model.logit_chunk_tokens``, the output
-layer in chunks: refused with the one-pass engine, so ``auto`` then plans checkpointed engines only). Resident: parameters in ``model.dtype`` and
+layer in chunks: refused with the one-pass engine, so ``auto`` then plans checkpointed engines only); when the
+rank's batch takes several micro-batches, the later ones start with the earlier ones' gradients held, and the
+prediction counts them (``grads_live``). Resident: parameters in ``model.dtype`` and
 the optimizer's state (AdamW: two moments in the parameters' dtype; SGD with momentum: one; without: none),
 plus a frozen reference copy when ``algorithm.kl_coef > 0``; under FSDP2 the sharded share of these plus the
 gathered layers of :func:`oblr.memory_model.resident_bytes`. Not modelled: generation (the rollout engine's
@@ -164,12 +166,13 @@ def _engine(e) -> str:
 def predicted_peak(shape: mm.Shape, *, exact_norms: bool, checkpointing: bool | str, sequences: int, tokens: int,
                    param_bytes: int, resident_bytes: int, world: int = 1, sharded: bool = False,
                    logit_chunk: int = 0, head_trainable: bool = True, lora_rank: int = 0,
-                   lora_targets: tuple = mm.LORA_TARGETS) -> int:
+                   lora_targets: tuple = mm.LORA_TARGETS, split: bool = False) -> int:
     """Resident state plus the memory model's step peak for one micro-batch of ``sequences``; ``checkpointing``:
     an engine name (``one_pass``, ``recompute``, ``two_pass``) or the checkpointing setting (False / True =
     one-pass / two-pass; without exact norms only whether checkpointing is on counts). ``lora_rank`` /
     ``lora_targets``: LoRA adapters, which the recompute engine's kept contributions are priced for (the other
-    plans count the full model's gradients: conservative)."""
+    plans count the full model's gradients: conservative). ``split``: the rank's batch takes more than one
+    micro-batch, so the later ones run with the earlier ones' gradients held (``grads_live``)."""
     e = _engine(checkpointing)
     key = MODEL_KEYS[e] if exact_norms else ("grpo_ckpt" if CHECKPOINTED[e] else "grpo")
     extra = {}
@@ -177,7 +180,8 @@ def predicted_peak(shape: mm.Shape, *, exact_norms: bool, checkpointing: bool | 
         extra = {"lora_rank": lora_rank, "lora_targets": tuple(lora_targets)}  # other targets: priced as full
     return resident_bytes + mm.step_peak_bytes(shape, key, sequences, tokens, act_bytes=param_bytes,
                                                grad_bytes=param_bytes, grad_shards=world if sharded else 1,
-                                               logit_chunk=logit_chunk, head_trainable=head_trainable, **extra)
+                                               logit_chunk=logit_chunk, head_trainable=head_trainable,
+                                               grads_live=split, **extra)
 
 
 def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allowed: tuple,
@@ -210,7 +214,7 @@ def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allo
         return predicted_peak(shape, exact_norms=exact_norms, checkpointing=engine, sequences=g * group_size,
                               tokens=tokens, param_bytes=param_bytes, resident_bytes=resident_bytes, world=world,
                               sharded=sharded, logit_chunk=chunk, head_trainable=head_trainable, lora_rank=lora_rank,
-                              lora_targets=lora_targets)
+                              lora_targets=lora_targets, split=g < groups)
 
     def _chunk_hint() -> str:
         """What chunked logits would need, when they are off, checkpointing is allowed and they would help."""
