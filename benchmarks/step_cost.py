@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -88,6 +89,7 @@ class Row:
     method: str
     what: str
     times: list[float] = field(default_factory=list)
+    sys_times: list[float] = field(default_factory=list)  # system time of each timed call
     peak_bytes: float = math.nan
     grad_err: float = math.nan
     error: str | None = None
@@ -147,16 +149,21 @@ def retain_freed_memory() -> bool:
             and bool(libc.mallopt(M_TOP_PAD, 256 << 20)))
 
 
-def _call(m: Method, ctx: Ctx, opt) -> float:
-    """One update step of method ``m``; returns its wall time (setup/teardown excluded)."""
+def _call(m: Method, ctx: Ctx, opt, sys_times: list[float] | None = None) -> float:
+    """One update step of method ``m``; returns its wall time (setup/teardown excluded) and appends the
+    process's system time during it to ``sys_times`` (page faults, mostly: where the allocator differs)."""
     if m.setup is not None:
         m.setup(ctx)
     try:
+        s0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         m.fn(ctx)
         opt.step()
-        return time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+        if sys_times is not None:
+            sys_times.append(resource.getrusage(resource.RUSAGE_SELF).ru_stime - s0)
+        return wall
     finally:
         if m.teardown is not None:
             m.teardown(ctx)
@@ -203,7 +210,7 @@ def run_case(case: Case, *, repeats: int = 3, only: list[str] | None = None, log
     for rep in range(repeats):
         shift = rep % len(live)
         for m in live[shift:] + live[:shift]:
-            rows[m.name].times.append(_call(m, ctx, opt))
+            rows[m.name].times.append(_call(m, ctx, opt, rows[m.name].sys_times))
         if log:
             log(f"  repeat {rep + 1}/{repeats}: " + ", ".join(f"{m.name} {rows[m.name].times[-1]:.2f}s" for m in live))
     for m in live:  # peak memory, after every timed call
@@ -231,6 +238,10 @@ def markdown_table(res: CaseResult) -> str:
         lines.append(f"| {r.method} | {_fmt(r.median, '.3f')} | {_fmt(res.ratio(r.method), '.2f')} | "
                      f"{_fmt(r.peak_bytes / 2**20, '.1f')} | {_fmt(res.mem_ratio(r.method), '.2f')} | "
                      f"{_fmt(r.grad_err, '.1e')} | {r.what} |")
+    sys_med = [(r.method, statistics.median(r.sys_times)) for r in res.rows if r.sys_times]
+    if sys_med:
+        lines += ["", "System time per step (s, median; part of the step time, mostly page faults): "
+                  + ", ".join(f"{m} {t:.2f}" for m, t in sys_med)]
     return "\n".join(lines)
 
 

@@ -60,7 +60,8 @@ TF32_HALF_PRODUCTS = True
 #: strips of their lower triangle (:func:`strip_bounds`), about ``(n + 1) / (2 n)`` of a full product's work
 GRAM_STRIPS = 16
 #: the narrowest strip: a row of at most this many tokens gets one full product. Narrower products run at a
-#: lower rate; 48 was the fastest on this project's CPU at the ghost path's shapes (``benchmarks/gram_strips.py``)
+#: lower rate: at the ghost path's shapes on this project's CPU 32 and 48 were about equally fast, 0.6-0.75x the
+#: full product's time, 16 no faster and 128 slower (``benchmarks/gram_strips.py``; GPU not measured)
 MIN_STRIP = 48
 
 
