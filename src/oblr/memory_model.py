@@ -259,7 +259,7 @@ def step_peak_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int
 
 
 #: the phase of each plan in which its gradient buffers are formed (counted there already)
-_GRADS_FORMED = {"grpo_ckpt": "recompute", "oblr_ckpt": "recompute", "oblr_recompute": "assembly"}
+_GRADS_FORMED = {"oblr": "assembly", "grpo_ckpt": "recompute", "oblr_ckpt": "recompute", "oblr_recompute": "assembly"}
 
 
 def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4, grad_bytes: int = 4,
@@ -323,6 +323,9 @@ def _plain_phases(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int, 
     grads = n_params(s) * grad_bytes // grad_shards
     head_grad = 0 if grads_live else s.vocab * s.hidden * grad_bytes // grad_shards
     out = {"logits": logits_bytes(s, plan, batch, tokens, logit_chunk) + (0 if plan == "oblr" else head_grad)}
+    if plan == "oblr":  # after the backward, the factors still kept: every gradient (the forward's own saved
+        # tensors counted as still held: conservative; each entry's float32 working copies are not counted)
+        out["assembly"] = grads
     if plan.endswith("_ckpt"):
         out["recompute"] = recompute_bytes(s, batch, tokens, act_bytes) + grads
     if plan == "oblr_ckpt" and chunked(tokens, logit_chunk):  # the chunks, then the layers; the sum stays

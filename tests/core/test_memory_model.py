@@ -33,8 +33,10 @@ def test_step_peak_by_hand():
     # GRPO: activations 15 tokens * 485 elements * 4 bytes + 5 logit-sized tensors + lm_head's gradient (V*h)
     grpo = 15 * 485 * 4 + 5 * logits + 80 * 4
     assert mm.step_peak_bytes(TINY, "grpo", b, t) == grpo
-    # one pass: 15 * (2*232 + 32 + 5) * 4 + 4 logit-sized tensors, no gradient at the peak
-    assert mm.step_peak_bytes(TINY, "oblr", b, t) == 15 * 501 * 4 + 4 * logits
+    # one pass: 15 * (2*232 + 32 + 5) * 4 + the larger of 4 logit-sized tensors (its backward forms no gradient)
+    # and every gradient (the assembly, the factors still kept)
+    assert mm.step_peak_bytes(TINY, "oblr", b, t) == 15 * 501 * 4 + max(4 * logits, P * 4)
+    assert mm.phase_bytes(TINY, "oblr", b, t) == {"logits": 4 * logits, "assembly": P * 4}
     # checkpointed: layer inputs 2*8 + 4*8 outside + the mask; then max(5 logits + head grad, one layer 224 + grads)
     kept = 15 * 53 * 4
     ckpt = kept + max(5 * logits + 80 * 4, 15 * 224 * 4 + P * 4)
