@@ -91,9 +91,18 @@ def reading(rows: list[dict]) -> str:
         text.append(f"The micro-batched case goes the other way ({r['measured']:.2f} measured, {r['predicted']:.2f} "
                     "predicted): FLOPs are linear in the batch, so micro-batching costs nothing in the model, "
                     "while on CPU every micro-batch pays per-call overheads and runs smaller, slower products.")
-    text.append("On one GPU (an H200, bf16; docs/performance.md) the checkpointed pair measured 2.1-2.3 at "
-                "Qwen3-4B shapes (4 sequences of 1024 or 4096 tokens), above the FLOP ratios projected below: there "
-                "the engine's many small operations and its float32 products weigh more than their FLOPs.")
+    gpu = {(n, T): (fm.time_ratio(mm.QWEN3[n], "oblr", 4, T, 2, attn_factor=0.5, factor_bytes=2),
+                    fm.time_ratio(mm.QWEN3[n], "oblr_recompute", 4, T, 2, base="grpo_ckpt", attn_factor=0.5,
+                                  factor_bytes=2))
+           for n, T in (("Qwen3-0.6B", 1024), ("Qwen3-4B", 1024), ("Qwen3-4B", 4096))}
+    text.append("On one GPU (an H200, bf16, 4 sequences; docs/performance.md) every measured ratio is above the FLOP "
+                "model's: the two-pass pair measured 2.1-2.3 at Qwen3-4B shapes (1024 or 4096 tokens; model 1.84); "
+                "the recompute engine against the checkpointed GRPO step 1.75 at Qwen3-0.6B and 1.74 at Qwen3-4B "
+                f"with 1024 tokens (model {gpu['Qwen3-0.6B', 1024][1]:.2f} and {gpu['Qwen3-4B', 1024][1]:.2f}), "
+                f"1.40-1.42 at Qwen3-4B with 4096 (model {gpu['Qwen3-4B', 4096][1]:.2f}); the one-pass step 1.78 "
+                f"and 1.88 (model {gpu['Qwen3-0.6B', 1024][0]:.2f} and {gpu['Qwen3-4B', 1024][0]:.2f}). There the "
+                "engine's many small operations (per-row products and reductions, launched one by one) and its "
+                "float32 products weigh more than their FLOPs; the FLOP ratios below are lower bounds for a GPU.")
     return " ".join(text)
 
 
@@ -177,10 +186,10 @@ def comparison_rows(tables: list[dict]) -> list[dict]:
         pairs += [(p, "grpo_ckpt") for p in ("oblr_ckpt", "oblr_recompute") if p in rows and "grpo_ckpt" in rows]
         for plan, base in pairs:
             measured = rows[plan][0] / rows[base][0]
-            pred = fm.time_ratio(s, plan, B, T, G, base=base)
+            pred = fm.time_ratio(s, plan, B, T, G, base=base, device="cpu")  # measured on CPU: the engine's strips
             out.append(dict(source=t["source"], case=t["case"], plan=plan, base=base, measured=measured, predicted=pred,
-                            gflops=fm.total_flops(s, plan, B, T, G) / rows[plan][0] / 1e9,
-                            base_gflops=fm.total_flops(s, base, B, T, G) / rows[base][0] / 1e9))
+                            gflops=fm.total_flops(s, plan, B, T, G, device="cpu") / rows[plan][0] / 1e9,
+                            base_gflops=fm.total_flops(s, base, B, T, G, device="cpu") / rows[base][0] / 1e9))
     return out
 
 
@@ -224,7 +233,7 @@ def render(tables: list[dict]) -> str:
         "(1 thread, float32). Implied GFLOP/s: the model's FLOPs over the measured time.", "",
         comparison_table(rows), "",
         reading(rows), "",
-        "### Projection (FLOP model only; the one GPU run is in docs/performance.md)", "",
+        "### Projection (FLOP model only; the GPU runs are in docs/performance.md)", "",
         f"bf16, causal attention (half the `T x T` square), groups of G = {PROJ_G}, T = the response tokens. "
         "grpo TFLOP per sequence: the model's FLOPs of one GRPO step per sequence.", "",
         projection_table(), "",

@@ -27,7 +27,7 @@ Options for a lent GPU's short time: ``--models`` (shapes of ``oblr.memory_model
 the cases, ``--response-len`` the length; ``--time-repeats N`` adds each plan's median step time over N
 interleaved calls and the ratio to its GRPO twin; ``--fp32-compare`` runs each OBLR-PO plan also with the norm
 engine's products in full float32 instead of TF32 (time and differences); ``--profile`` adds the top operators
-of one call. The results file is rewritten after each case, so a run cut by a time limit keeps what it did.
+of one call; ``--lora-rank R`` puts LoRA adapters of rank R on the memory cases' models. The results file is rewritten after each case, so a run cut by a time limit keeps what it did.
 Run on one H200 (``bash benchmarks/gpu/scale_checks.sh``): ``benchmarks/results/gpu/h200_scale/summary.md``.
 
 The tiny CPU mode runs the same code on small shapes so that the script cannot rot; its memory rows are
@@ -213,17 +213,24 @@ def _profile(step, device: torch.device, top: int = 12) -> str:
 
 def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.device,
                  logit_chunk: int = LOGIT_CHUNK, time_repeats: int = 0, fp32_compare: bool = False,
-                 profile: bool = False) -> list[dict]:
+                 profile: bool = False, lora_rank: int = 0) -> list[dict]:
     """Measured step peak above the resident model and batch vs ``memory_model.step_peak_bytes`` (bf16);
     with ``time_repeats``, each plan's step time as well: the median of that many calls, the plans
     interleaved (plan a, plan b, ..., then again), the device synchronised around each call, after the
     peak-measuring call that served as the warm-up. ``fp32_compare``: each OBLR-PO plan also with the
     norm engine's products in full float32 (:func:`_fp32_products`); ``profile``: the top operators of one
-    call of each OBLR-PO plan."""
+    call of each OBLR-PO plan. ``lora_rank`` > 0: LoRA adapters of that rank on ``memory_model.LORA_TARGETS``
+    (bf16, as the model; only they train), the rows labelled ``<label>+LoRA<rank>``; the memory model prices
+    LoRA for ``oblr_recompute`` only (``lora_modelled``), the other plans with the full model's gradients."""
     model = build_model(case, dtype=torch.bfloat16, device=str(device))
     n = sum(p.numel() for p in model.parameters())
     if n != mm.n_params(shape):
         raise RuntimeError(f"{label}: memory model counts {mm.n_params(shape)} parameters, the model has {n}")
+    if lora_rank:
+        from oblr.models import wrap_lora
+
+        model = wrap_lora(model, rank=lora_rank, alpha=2 * lora_rank, targets=list(mm.LORA_TARGETS)).to(torch.bfloat16)
+        label = f"{label}+LoRA{lora_rank}"
     batch, rewards = _batch(case, device)
     B, T = case.n_prompts * case.group_size, case.prompt_len + case.response_len
     rows, steps = [], {}
@@ -238,24 +245,37 @@ def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.d
         _checkpointing(model, steps[plan][0])
         for p in model.parameters():
             p.grad = None
+        predicted = mm.step_peak_bytes(shape, model_plan, B, T, act_bytes=2, grad_bytes=2, logit_chunk=chunk,
+                                       head_trainable=not lora_rank, lora_rank=lora_rank, groups=case.n_prompts)
         t0 = time.perf_counter()
-        if device.type == "cuda":
-            measured, reserved = _peak_cuda(steps[plan][1], device)
-        else:
-            measured, reserved = _peak_cpu(steps[plan][1]), None
+        try:
+            if device.type == "cuda":
+                measured, reserved = _peak_cuda(steps[plan][1], device)
+            else:
+                measured, reserved = _peak_cpu(steps[plan][1]), None
+        except torch.OutOfMemoryError:  # recorded, and the next plan runs: one case does not end the check
+            del steps[plan]
+            for p in model.parameters():
+                p.grad = None
+            gc.collect()
+            torch.cuda.empty_cache()
+            print(f"  {label} {plan}: out of memory (predicted {predicted / 2**30:.3f} GiB)", file=sys.stderr, flush=True)
+            rows.append(dict(model=label, plan=plan, batch=B, tokens=T, out_of_memory=True, predicted_bytes=predicted))
+            continue
         seconds = time.perf_counter() - t0
-        predicted = mm.step_peak_bytes(shape, model_plan, B, T, act_bytes=2, grad_bytes=2, logit_chunk=chunk)
         rows.append(dict(model=label, plan=plan, batch=B, tokens=T, measured_bytes=measured,
                          predicted_bytes=predicted, ratio=measured / predicted, seconds=seconds))
+        if lora_rank:
+            rows[-1].update(lora_rank=lora_rank, lora_modelled=model_plan == "oblr_recompute")
         if reserved is not None:
             rows[-1]["process_reserved_peak_bytes"] = reserved
         print(f"  {label} {plan}: measured {measured / 2**30:.3f} GiB, predicted {predicted / 2**30:.3f} GiB "
               f"({measured / predicted:.3f})", file=sys.stderr, flush=True)
         for p in model.parameters():
             p.grad = None
-    times = {plan: [] for plan in plans}
+    times = {plan: [] for plan in steps}
     for _ in range(time_repeats):
-        for plan in plans:
+        for plan in steps:
             ckpt, step = steps[plan]
             _checkpointing(model, ckpt)
             _sync(device)
@@ -265,7 +285,7 @@ def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.d
             times[plan].append(time.perf_counter() - t0)
             for p in model.parameters():
                 p.grad = None
-    for row in rows if time_repeats else ():
+    for row in (r for r in rows if r["plan"] in steps) if time_repeats else ():
         row["step_seconds"] = statistics.median(times[row["plan"]])
         row["step_seconds_all"] = times[row["plan"]]
         twin = "grpo" + row["plan"].removeprefix("oblr").replace("_recompute", "_ckpt")  # oblr_ckpt_chunk -> grpo_ckpt_chunk
@@ -273,7 +293,7 @@ def check_memory(label: str, shape: mm.Shape, plans, case: Case, device: torch.d
             row["time_vs_grpo"] = row["step_seconds"] / statistics.median(times[twin])
     params = [p for p in model.parameters() if p.requires_grad]
     for row in rows:
-        if not row["plan"].startswith("oblr") or not (fp32_compare or profile):
+        if not row["plan"].startswith("oblr") or not (fp32_compare or profile) or row["plan"] not in steps:
             continue
         ckpt, step = steps[row["plan"]]
         _checkpointing(model, ckpt)
@@ -310,6 +330,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--fp32-compare", action="store_true", help="each OBLR-PO plan also with the norm engine's "
                     "products in full float32 instead of TF32: differences and times")
     ap.add_argument("--profile", action="store_true", help="the top operators of one call of each OBLR-PO plan")
+    ap.add_argument("--lora-rank", type=int, default=0, help="memory cases with LoRA adapters of this rank on "
+                    f"{', '.join(mm.LORA_TARGETS)} (default 0: full fine-tuning)")
+    ap.add_argument("--gram-strips", type=int, default=None, help="strips per symmetric Gram on this run's device "
+                    "(oblr.gradnorm.contrib.gram_strips; 1: one full product; default: the engine's own, 16 on CPU, 1 on CUDA)")
     args = ap.parse_args(argv)
     if args.dry_run:
         args.device, args.tiny = "cpu", True
@@ -322,6 +346,10 @@ def main(argv=None) -> dict:
         ap.error("--response-len must be >= 1")
     if args.time_repeats < 0:
         ap.error("--time-repeats must be >= 0")
+    if args.lora_rank < 0:
+        ap.error("--lora-rank must be >= 0")
+    if args.gram_strips is not None and args.gram_strips < 1:
+        ap.error("--gram-strips must be >= 1")
     cases = MEMORY_TINY if args.tiny else MEMORY_CASES
     if args.models is not None:
         if args.tiny:
@@ -347,8 +375,12 @@ def main(argv=None) -> dict:
     if dev_name == "cuda":  # the exactness check is float32: no TF32 products
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+    from oblr.gradnorm import contrib
+
+    if args.gram_strips is not None:  # for this process only, on the device it runs on: an A/B of the strips
+        setattr(contrib, "GRAM_STRIPS" if dev_name == "cpu" else "GRAM_STRIPS_OTHER", args.gram_strips)
     torch.manual_seed(0)
-    report = dict(device=torch.cuda.get_device_name(device) if dev_name == "cuda" else "cpu",
+    report = dict(gram_strips=contrib.gram_strips(dev_name), device=torch.cuda.get_device_name(device) if dev_name == "cuda" else "cpu",
                   torch=torch.__version__, tiny=args.tiny, rtol=RTOL)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if "exactness" not in skip:
@@ -365,7 +397,7 @@ def main(argv=None) -> dict:
             log(f"memory: {label}, T = {case.prompt_len}+{resp}, plans {', '.join(plans)}")
             report["memory"] += check_memory(label, shape, plans, case, device, TINY_CHUNK if args.tiny else LOGIT_CHUNK,
                                              time_repeats=args.time_repeats, fp32_compare=args.fp32_compare,
-                                             profile=args.profile)
+                                             profile=args.profile, lora_rank=args.lora_rank)
             args.out.parent.mkdir(parents=True, exist_ok=True)  # what is done so far survives a later crash
             args.out.write_text(json.dumps(report, indent=2, default=float) + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -374,6 +406,10 @@ def main(argv=None) -> dict:
         if isinstance(v, dict):
             print(f"exactness {k}: max rel error {v['max_error']:.2e} ({'ok' if v['passed'] else 'FAILED'} at {RTOL:g})")
     for r in report.get("memory", []):
+        if r.get("out_of_memory"):
+            print(f"memory {r['model']} {r['plan']}: B={r['batch']} T={r['tokens']} out of memory, predicted "
+                  f"{r['predicted_bytes'] / 2**30:.3f} GiB")
+            continue
         print(f"memory {r['model']} {r['plan']}: B={r['batch']} T={r['tokens']} measured {r['measured_bytes'] / 2**30:.3f} "
               f"GiB, predicted {r['predicted_bytes'] / 2**30:.3f} GiB, measured/predicted {r['ratio']:.3f}"
               + (f", step {r['step_seconds']:.3f} s" if "step_seconds" in r else "")

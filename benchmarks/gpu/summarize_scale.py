@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 GIB = 2 ** 30
+LOGIT_CHUNK = 512  # memory_check.LOGIT_CHUNK: the *_chunk plans' output-layer chunk
+GROUPS = 2  # memory_check's memory cases: 2 prompts x 2
 PEAK_LINE = re.compile(r"^\s+(\S+) (\S+): measured ([\d.]+) GiB, predicted ([\d.]+) GiB \(([\d.]+)\)$")
 T_LINE = re.compile(r"^memory: (\S+), T = (\d+)\+(\d+),")
 TOL = 0.15
@@ -26,13 +28,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def load_run(folder: Path) -> dict:
-    """The memory rows (JSON, then log-only peaks), exactness results and FSDP2 step of one run folder."""
-    rows, exact, fsdp, seen = [], {}, None, set()
+    """The memory rows (JSON, then log-only peaks), plans that ran out of memory, exactness results, FSDP2
+    step and ``train_check.py`` reports of one run folder."""
+    rows, oom, exact, fsdp, train, seen = [], [], {}, None, [], set()
     for f in sorted(folder.glob("*.json")):
         d = json.loads(f.read_text())
         for r in d.get("memory", []):
+            if r.get("out_of_memory"):
+                oom.append(dict(r, source=f.name))
+                continue
             rows.append(dict(r, source=f.name))
             seen.add((r["model"], r["plan"], r["tokens"]))
+        if "comparisons" in d and "runs" in d:
+            train.append(d)
         for k, v in d.get("exactness", {}).items():
             if isinstance(v, dict):
                 exact[k] = v
@@ -48,7 +56,26 @@ def load_run(folder: Path) -> dict:
                 rows.append(dict(model=m.group(1), plan=m.group(2), batch=None, tokens=tokens,
                                  measured_bytes=float(m.group(3)) * GIB, predicted_bytes=float(m.group(4)) * GIB,
                                  ratio=float(m.group(5)), source=f.name + " (peak only: the case was cut)"))
-    return dict(rows=rows, exact=exact, fsdp=fsdp)
+    return dict(rows=rows, oom=oom, exact=exact, fsdp=fsdp, train=train)
+
+
+def predicted_now(r: dict) -> float:
+    """The current ``oblr.memory_model``'s prediction for a measured row (the JSON's ``predicted_bytes`` is the
+    model's at run time): bf16 activations and gradients, ``memory_check``'s cases."""
+    from oblr import memory_model as mm
+
+    shape = mm.QWEN3[r["model"].split("+")[0]]
+    plan = r["plan"].removesuffix("_chunk")
+    lora = r.get("lora_rank", 0)
+    return float(mm.step_peak_bytes(shape, plan, r["batch"] or 2 * GROUPS, r["tokens"], act_bytes=2, grad_bytes=2,
+                                    logit_chunk=LOGIT_CHUNK if r["plan"].endswith("_chunk") else 0,
+                                    head_trainable=not lora, lora_rank=lora, groups=GROUPS))
+
+
+def modelled(r: dict) -> bool:
+    """False for a LoRA row whose plan the memory model prices with the full model's gradients (all but
+    ``oblr_recompute``: conservative, not a prediction of that case)."""
+    return r.get("lora_modelled", True)
 
 
 def summarize(root: Path) -> str:
@@ -79,18 +106,31 @@ def summarize(root: Path) -> str:
         for r in run["rows"]:
             latest[(r["model"], r["plan"], r["tokens"])] = (name, r)
     peaks = list(latest.values())
-    inside = sum(abs(r["ratio"] - 1) <= TOL for _, r in peaks)
+    counted = [r for _, r in peaks if modelled(r)]
+    inside = sum(abs(r["ratio"] - 1) <= TOL for r in counted)
+    now = {id(r): r["measured_bytes"] / predicted_now(r) for _, r in peaks}
+    inside_now = sum(abs(now[id(r)] - 1) <= TOL for r in counted)
     out += ["## Step peak memory: measured against `oblr.memory_model` (bf16)", "",
-            f"{inside} of {len(peaks)} measured peaks are within {TOL:.0%} of the prediction (each from the last run "
-            "that measured it). Measured: "
+            f"{inside_now} of {len(counted)} measured peaks are within {TOL:.0%} of the current model's prediction "
+            f"({inside} of {len(counted)} of the prediction each run made with the model of its day; each peak from "
+            "the last run that measured it). Measured: "
             "`torch.cuda.max_memory_allocated` during one gradient accumulation, minus what was allocated "
-            "before (model and batch); 4 sequences (2 prompts x 2).", "",
-            "| model | plan | T | measured GiB | predicted GiB | measured/predicted | run |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+            "before (model and batch); 4 sequences (2 prompts x 2)."
+            + (f" Not counted: {len(peaks) - len(counted)} LoRA rows (`+LoRA`) of plans the model prices with the "
+               "full model's gradients (conservative; marked *)." if len(counted) < len(peaks) else ""), "",
+            "| model | plan | T | measured GiB | predicted then GiB | measured/predicted then | predicted now GiB | "
+            "measured/predicted now | run |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in sorted(peaks, key=lambda x: (x[1]["model"], x[1]["tokens"], x[1]["plan"])):
-        out.append(f"| {r['model']} | {r['plan']} | {r['tokens']} | {r['measured_bytes'] / GIB:.2f} | "
-                   f"{r['predicted_bytes'] / GIB:.2f} | {r['ratio']:.3f} | {name} |")
+        out.append(f"| {r['model']} | {r['plan']}{'' if modelled(r) else ' *'} | {r['tokens']} | "
+                   f"{r['measured_bytes'] / GIB:.2f} | {r['predicted_bytes'] / GIB:.2f} | {r['ratio']:.3f} | "
+                   f"{predicted_now(r) / GIB:.2f} | {now[id(r)]:.3f} | {name} |")
     out.append("")
+    ooms = [(name, r) for name, run in runs.items() for r in run["oom"]]
+    if ooms:
+        out += ["Out of memory (not measured): " + "; ".join(
+            f"{r['model']} {r['plan']} T = {r['tokens']}, predicted {r['predicted_bytes'] / GIB:.2f} GiB ({name})"
+            for name, r in ooms) + ".", ""]
 
     out += ["## Step time: OBLR-PO against its GRPO twin (same plan, same run)", "",
             "Median of the interleaved timed calls (`--time-repeats`), device synchronised around each.", "",
@@ -118,6 +158,25 @@ def summarize(root: Path) -> str:
             n = r["norm_products"]
             out.append(f"| {name} | {r['model']} | {r['tokens']} | {r['plan']} | {n['fp32_over_tf32_time']:.2f} | "
                        f"{n['w_rel_diff']:.1e} | {n['gk_rel_diff']:.1e} | {n['grad_rel_diff']:.1e} |")
+        out.append("")
+
+    trains = [(name, d) for name, run in runs.items() for d in run["train"]]
+    if trains:
+        out += ["## `oblr train` on the GPU (`benchmarks/gpu/train_check.py`)", "",
+                "The built-in task and tiny model, a few steps per run, each in its own process. The runs of a "
+                "group draw the same first rollouts, so their first step's numbers differ by the engine's "
+                "arithmetic only.", "",
+                "| run | variant | settings | exit | seconds | plan logged |", "| --- | --- | --- | --- | --- | --- |"]
+        for name, d in trains:
+            for r in d["runs"]:
+                out.append(f"| {name} | {r['name']} | {' '.join(r['keys']) or 'defaults'} | {r['rc']} | "
+                           f"{r['seconds']:.1f} | {r.get('plan') or ''} |")
+        out += ["", "| run | variant | against | same reward | max relative difference, step 1 | passed |",
+                "| --- | --- | --- | --- | --- | --- |"]
+        for name, d in trains:
+            for c in d["comparisons"]:
+                out.append(f"| {name} | {c['run']} | {c['ref']} | {'yes' if c['diffs']['reward_equal'] else 'NO'} | "
+                           f"{c['max_rel']:.2e} | {'yes' if c['passed'] else 'NO'} (rtol {d['rtol']:g}) |")
         out.append("")
 
     fsdp = [(name, run["fsdp"]) for name, run in runs.items() if run["fsdp"]]

@@ -20,7 +20,8 @@ zero-gradient tokens, make its CPU count smaller):
   * kept dense (per-row gradient no larger than its factors): one ``[R, T] x [T, C]`` product per row
     (``2 B T R C``), then ``w_i`` is a reduction and the weighted gradient a ``2 B R C`` regrouping;
   * otherwise ``w_i`` by ghost norm (Grams ``2 B E R`` and ``2 B E C``, the input's Gram shared by
-    q/k/v and by gate/up; ``E = strip_entries(T)``, about ``5/8 T^2``: each Gram's lower-triangle strips)
+    q/k/v and by gate/up; ``E = T^2`` on a GPU; ``strip_entries(T, "cpu")``, about ``5/8 T^2``, on CPU, where
+    the engine forms each Gram's lower-triangle strips)
     or by materialisation (``2 B T R C``), whichever the engine's cost model picks,
     and the weighted gradient with the group norms as one product per group (``2 B T R C``);
   * norm weights are reduced rows (``2 B n`` for the regrouping); a tied embedding's entry holds the
@@ -55,8 +56,11 @@ GRAM_STRIPS = 16
 MIN_STRIP = 48
 
 
-def strip_entries(T: int) -> int:
-    """``contrib.strip_entries``: entries of a symmetric ``[T, T]`` Gram formed as lower-triangle strips."""
+def strip_entries(T: int, device: str) -> int:
+    """``contrib.strip_entries``: entries of a symmetric ``[T, T]`` Gram formed as lower-triangle strips on
+    ``device``'s type (CPU; one full product, ``T^2``, elsewhere)."""
+    if device != "cpu":
+        return T * T
     w = max(MIN_STRIP, -(-T // GRAM_STRIPS))
     return sum((T - s) * min(w, T - s) for s in range(0, T, w))
 
@@ -66,9 +70,9 @@ def _norm_sizes(s: Shape) -> list[int]:
     return [s.head_dim, s.head_dim, s.hidden, s.hidden] * s.layers + [s.hidden]
 
 
-def use_ghost(contribs: list[tuple[int, int, bool]], T: int) -> bool:
+def use_ghost(contribs: list[tuple[int, int, bool]], T: int, device: str = "cuda") -> bool:
     """``contrib.use_ghost`` for Outer contributions ``(R, C, is_index)`` of one parameter, ``T`` tokens."""
-    ghost = sum((strip_entries(T) if i == j else T * T) * ((1 if ai or bi else ar) + ac + MEMORY_COST)
+    ghost = sum((strip_entries(T, device) if i == j else T * T) * ((1 if ai or bi else ar) + ac + MEMORY_COST)
                 for i, (ar, ac, ai) in enumerate(contribs) for j, (_, _, bi) in enumerate(contribs))
     mat = sum(T * c * (1 if ix else r) + MEMORY_COST * r * c for r, c, ix in contribs)
     return ghost < mat
@@ -101,10 +105,10 @@ def attention_forward(s: Shape, batch: int, tokens: int, attn_factor: float = 1.
     return attn_factor * 4 * s.layers * batch * s.heads * tokens * tokens * s.head_dim
 
 
-def _one_pass_norms(s: Shape, B: int, T: int, factor_bytes: int) -> tuple[int, int]:
+def _one_pass_norms(s: Shape, B: int, T: int, factor_bytes: int, device: str) -> tuple[int, int]:
     """(w_i work, weighted-gradient + group-norm work) of the one-pass engine under ``auto``."""
     norms = assembly = 0
-    E = strip_entries(T)  # a parameter's own Grams are formed as lower-triangle strips
+    E = strip_entries(T, device)  # a parameter's own Grams: lower-triangle strips on CPU, whole elsewhere
     cached = None  # GramCache: the last input whose Gram was formed
     # the embedding entry comes first (tied: lm_head's factors and the ids; untied: the ids alone)
     h, V = s.hidden, s.vocab
@@ -114,7 +118,7 @@ def _one_pass_norms(s: Shape, B: int, T: int, factor_bytes: int) -> tuple[int, i
             assembly += 2 * B * V * h
         else:
             c = [(V, h, False), (V, h, True)]
-            if use_ghost(c, T):  # (head, head): left and right Grams; (head, ids), (ids, ids): right Grams
+            if use_ghost(c, T, device):  # (head, head): left and right Grams; (head, ids), (ids, ids): right Grams
                 norms += 2 * B * E * V + 2 * 2 * B * E * h + 2 * B * T * T * h
                 cached = "emb_out"
             else:
@@ -124,7 +128,7 @@ def _one_pass_norms(s: Shape, B: int, T: int, factor_bytes: int) -> tuple[int, i
         if keep_dense(V, h, T, factor_bytes, index=True):
             assembly += 2 * B * V * h
         else:
-            if use_ghost([(V, h, True)], T):
+            if use_ghost([(V, h, True)], T, device):
                 norms += 2 * B * E * h
                 cached = "emb_out"
     for layer in range(s.layers):
@@ -133,7 +137,7 @@ def _one_pass_norms(s: Shape, B: int, T: int, factor_bytes: int) -> tuple[int, i
                 norms += 2 * B * T * R * C
                 assembly += 2 * B * R * C
                 continue
-            if use_ghost([(R, C, False)], T):
+            if use_ghost([(R, C, False)], T, device):
                 norms += 2 * B * E * R
                 if cached != (layer, key):
                     norms += 2 * B * E * C
@@ -147,7 +151,7 @@ def _one_pass_norms(s: Shape, B: int, T: int, factor_bytes: int) -> tuple[int, i
             norms += 2 * B * T * V * h
             assembly += 2 * B * V * h
         else:
-            if use_ghost([(V, h, False)], T):
+            if use_ghost([(V, h, False)], T, device):
                 norms += 2 * B * E * V + 2 * B * E * h  # its input (the final norm's output) is new
             else:
                 norms += 2 * B * T * V * h
@@ -179,12 +183,13 @@ def _two_pass_grams(s: Shape, B: int, T: int, M: int) -> int:
 
 
 def step_flops(s: Shape, plan: str, batch: int, tokens: int, group: int | None = None, *,
-               attn_factor: float = 1.0, factor_bytes: int = 4) -> dict[str, float]:
+               attn_factor: float = 1.0, factor_bytes: int = 4, device: str = "cuda") -> dict[str, float]:
     """FLOPs of one step of ``plan`` on one micro-batch, by part: ``forward``, ``backward`` (activation
     and, where formed by autograd, weight gradients), ``recompute`` (checkpointed plans), ``norms`` (the
     engine's per-row norm work), ``assembly`` (weighted gradient and group norms). ``group``: rows per
     prompt group (default: the whole micro-batch); ``factor_bytes``: element size of the activations the
-    one-pass engine keeps (its keep-dense rule compares bytes: 4 float32, 2 bf16)."""
+    one-pass engine keeps (its keep-dense rule compares bytes: 4 float32, 2 bf16); ``device``: the device type
+    the step runs on (``cpu``: a parameter's own Grams as strips, :func:`strip_entries`; default ``cuda``)."""
     group = batch if group is None else group
     _check(s, plan, batch, tokens, group)
     B, T = batch, tokens
@@ -200,7 +205,7 @@ def step_flops(s: Shape, plan: str, batch: int, tokens: int, group: int | None =
         out["recompute"] = layer_lin - 2 * B * T * s.layers * s.hidden * s.intermediate + att
     elif plan in ("oblr", "oblr_recompute"):
         out["backward"] = lin + 2.5 * att
-        out["norms"], out["assembly"] = _one_pass_norms(s, B, T, factor_bytes)
+        out["norms"], out["assembly"] = _one_pass_norms(s, B, T, factor_bytes, device)
         if plan == "oblr_recompute":
             out["recompute"] = layer_lin + att
     else:  # oblr_ckpt: norm pass (head dX, layers dX) + gradient pass (head dW+dX, layers dW+dX)

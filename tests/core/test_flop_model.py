@@ -99,7 +99,7 @@ def test_flops_match_torch_counter(kw, monkeypatch):
     counted = _counted(case, mm.PLANS)
     s, B, T = _shape(case), case.n_prompts * case.group_size, case.prompt_len + case.response_len
     for plan in mm.PLANS:
-        pred = fm.total_flops(s, plan, B, T, case.group_size)
+        pred = fm.total_flops(s, plan, B, T, case.group_size, device="cpu")
         assert abs(pred - counted[plan]) <= TOL * counted[plan], (plan, pred, counted[plan])
     # GRPO is forward + a backward of twice the products: the ~6 P T rule plus attention, exactly
     P_prod = fm._products(s)
@@ -113,7 +113,9 @@ def test_mirrored_constants_and_decisions_agree_with_the_engine():
     assert fm.KEEP_DENSE_SLACK == contrib.KEEP_DENSE_SLACK and fm.MEMORY_COST == contrib.MEMORY_COST
     assert (fm.GRAM_STRIPS, fm.MIN_STRIP) == (contrib.GRAM_STRIPS, contrib.MIN_STRIP)
     for T in (1, 2, 15, 16, 17, 31, 33, 64, 65, 100, 160, 1024):
-        assert fm.strip_entries(T) == contrib.strip_entries(T)
+        for dev in ("cpu", "cuda"):
+            assert fm.strip_entries(T, dev) == contrib.strip_entries(T, dev)
+        assert fm.strip_entries(T, "cuda") == T * T
     for T in (2, 7, 16, 40):
         for R in (3, 16, 50):
             for C in (4, 16, 33):
@@ -124,8 +126,13 @@ def test_mirrored_constants_and_decisions_agree_with_the_engine():
                     assert fm.keep_dense(R, C, T, nbytes, index=True) == contrib.keep_dense(ids)
                 o = Outer(torch.zeros(1, T, R), torch.zeros(1, T, C), (R, C))
                 ids = Outer(torch.zeros(1, T, dtype=torch.long), torch.zeros(1, T, C), (R, C))
-                assert fm.use_ghost([(R, C, False)], T) == contrib.use_ghost([o], "auto")
-                assert fm.use_ghost([(R, C, False), (R, C, True)], T) == contrib.use_ghost([o, ids], "auto")
+                assert fm.use_ghost([(R, C, False)], T, "cpu") == contrib.use_ghost([o], "auto")
+                assert fm.use_ghost([(R, C, False), (R, C, True)], T, "cpu") == contrib.use_ghost([o, ids], "auto")
+                # any other device (meta here, as CUDA): whole Grams, no strips
+                om = Outer(torch.zeros(1, T, R, device="meta"), torch.zeros(1, T, C, device="meta"), (R, C))
+                idm = Outer(torch.zeros(1, T, dtype=torch.long, device="meta"), torch.zeros(1, T, C, device="meta"), (R, C))
+                assert fm.use_ghost([(R, C, False)], T, "cuda") == contrib.use_ghost([om], "auto")
+                assert fm.use_ghost([(R, C, False), (R, C, True)], T, "cuda") == contrib.use_ghost([om, idm], "auto")
 
 
 def test_micro_batching_and_batch_size_do_not_change_the_ratio():

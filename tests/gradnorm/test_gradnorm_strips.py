@@ -96,3 +96,27 @@ def test_ghost_cost_counts_a_self_pair_by_its_strips():
     both = contrib.ghost_cost([o, ids])
     assert both == strip_entries(T) * (R + C + contrib.MEMORY_COST) + strip_entries(T) * (1 + C + contrib.MEMORY_COST) \
         + 2 * T * T * (1 + C + contrib.MEMORY_COST)
+
+
+def test_other_devices_form_one_full_product():
+    """Strips are a CPU path: on any other device (meta here, standing for CUDA, where 16 strips made the step
+    launch-bound on an H200) a Gram is one product, and the engine's cost model counts it whole."""
+    T, R, C = 160, 576, 1536
+    assert contrib.gram_strips("cpu") == contrib.GRAM_STRIPS > 1 and contrib.gram_strips("cuda") == 1
+    assert strip_bounds(T, "cuda") == [(0, T)] and strip_entries(T, "cuda") == T * T < T * T + 1
+    assert strip_entries(T, "cpu") < T * T
+    (one,) = sym_strips(torch.zeros(2, T, 8, device="meta"))
+    assert one.shape == (2, T, T)
+    o = Outer(torch.zeros(1, T, R, device="meta"), torch.zeros(1, T, C, device="meta"), (R, C))
+    assert contrib.ghost_cost([o]) == T * T * (R + C + contrib.MEMORY_COST)
+
+
+def test_one_full_strip_is_the_plain_inner_product(monkeypatch):
+    """A single strip (the path other devices take) counts each entry once."""
+    monkeypatch.setattr(contrib, "GRAM_STRIPS", 1)
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(3, 70, 9, generator=gen, dtype=torch.float64)
+    b = torch.randn(3, 70, 5, generator=gen, dtype=torch.float64)
+    (sa,), (sb,) = sym_strips(a), sym_strips(b)
+    assert sa.shape == (3, 70, 70)
+    torch.testing.assert_close(strips_dot([sa], [sb]), ((a @ a.mT) * (b @ b.mT)).sum((1, 2)), rtol=1e-12, atol=0)

@@ -5,6 +5,7 @@ and it refuses settings it cannot run in one line. The committed GPU summary is 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def test_dry_run_checks_exactness_and_writes_every_memory_row(one_thread, tmp_pa
         assert r["measured_bytes"] > 0
         chunk = memory_check.TINY_CHUNK if r["plan"].endswith("_chunk") else 0
         assert r["predicted_bytes"] == mm.step_peak_bytes(shape, r["plan"].removesuffix("_chunk"), r["batch"],
-                                                          r["tokens"], act_bytes=2, grad_bytes=2, logit_chunk=chunk)
+                                                          r["tokens"], act_bytes=2, grad_bytes=2, logit_chunk=chunk, groups=2)
         assert r["ratio"] == pytest.approx(r["measured_bytes"] / r["predicted_bytes"])
 
 
@@ -79,7 +80,8 @@ def test_refusals(tmp_path, capsys):
                       (["--dry-run", "--response-len", "0"], "--response-len must be"),
                       (["--dry-run", "--models", "Qwen3-4B"], "does not go with --tiny"),
                       (["--dry-run", "--plans", "grpo,fast"], "--plans: unknown ['fast']"),
-                      (["--dry-run", "--time-repeats", "-1"], "--time-repeats must be")):
+                      (["--dry-run", "--time-repeats", "-1"], "--time-repeats must be"),
+                      (["--dry-run", "--lora-rank", "-1"], "--lora-rank must be")):
         with pytest.raises(SystemExit):
             memory_check.main(argv + ["--out", out])
         assert msg in capsys.readouterr().err
@@ -109,6 +111,48 @@ def test_timing_comparison_and_profile_rows(one_thread, tmp_path):
     assert contrib.TF32_HALF_PRODUCTS  # restored
 
 
+def test_lora_rows(one_thread, tmp_path):
+    """--lora-rank: the models carry LoRA adapters (labelled); the recompute plan is priced with them, the
+    others with the full model's gradients (``lora_modelled`` False)."""
+    import memory_check
+
+    from oblr import memory_model as mm
+
+    rep = memory_check.main(["--dry-run", "--skip", "exactness", "--plans", "grpo_ckpt,oblr_recompute",
+                             "--lora-rank", "2", "--out", str(tmp_path / "x.json")])
+    rows = rep["memory"]
+    assert [(r["model"], r["plan"]) for r in rows] == [(f"{label}+LoRA2", p) for label, _, _ in memory_check.MEMORY_TINY
+                                                       for p in ("grpo_ckpt", "oblr_recompute")]
+    for r, (_, shape, _) in zip(rows, [c for c in memory_check.MEMORY_TINY for _ in range(2)]):
+        assert r["lora_rank"] == 2 and r["lora_modelled"] == (r["plan"] == "oblr_recompute")
+        assert r["predicted_bytes"] == mm.step_peak_bytes(shape, r["plan"], r["batch"], r["tokens"], act_bytes=2,
+                                                          grad_bytes=2, head_trainable=False, lora_rank=2, groups=2)
+    full = mm.step_peak_bytes(memory_check.MEMORY_TINY[0][1], "oblr_recompute", rows[1]["batch"], rows[1]["tokens"],
+                              act_bytes=2, grad_bytes=2, groups=2)
+    assert rows[1]["predicted_bytes"] < full
+
+
+def test_a_plan_out_of_memory_is_recorded_and_the_others_run(one_thread, monkeypatch, tmp_path):
+    import memory_check
+
+    real, calls = memory_check._peak_cpu, []
+
+    def second_fails(fn):
+        calls.append(fn)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("test")
+        return real(fn)
+
+    monkeypatch.setattr(memory_check, "_peak_cpu", second_fails)
+    rep = memory_check.main(["--dry-run", "--skip", "exactness", "--plans", "grpo_ckpt,oblr_ckpt,oblr_recompute",
+                             "--time-repeats", "1", "--out", str(tmp_path / "x.json")])
+    rows = [r for r in rep["memory"] if r["model"] == "tiny tied"]
+    assert [(r["plan"], bool(r.get("out_of_memory"))) for r in rows] == [
+        ("grpo_ckpt", False), ("oblr_ckpt", True), ("oblr_recompute", False)]
+    assert "step_seconds" not in rows[1] and rows[1]["predicted_bytes"] > 0
+    assert rows[2]["step_seconds"] > 0 and rows[2]["time_vs_grpo"] > 0
+
+
 def test_models_option_names_full_shapes(tmp_path, capsys):
     import memory_check
 
@@ -130,6 +174,9 @@ def test_committed_gpu_summary_is_the_scripts_output(tmp_path):
     copy = tmp_path / "h200_scale"
     shutil.copytree(root, copy)
     log = copy / "1_before" / "log.txt"
-    log.write_text(log.read_text().replace("predicted 52.651 GiB (0.889)", "predicted 52.651 GiB (0.500)"))  # 8B
+    text = log.read_text()
+    row = re.search(r"Qwen3-8B grpo_ckpt: measured [\d.]+ GiB, predicted 52.651 GiB \(0.889\)", text).group(0)
+    log.write_text(text.replace(row, "Qwen3-8B grpo_ckpt: measured 26.326 GiB, predicted 52.651 GiB (0.500)"))  # 8B
+    before = re.search(r"(\d+) of (\d+) measured peaks are within 15%", summarize_scale.summarize(root)).groups()
     text = summarize_scale.summarize(copy)
-    assert "15 of 20 measured peaks are within 15%" in text and "| 0.500 |" in text
+    assert f"{int(before[0]) - 1} of {before[1]} measured peaks are within 15%" in text and "| 0.500 |" in text

@@ -56,25 +56,38 @@ HALF = (torch.bfloat16, torch.float16)
 #: float32 (``benchmarks/gpu/memory_check.py --fp32-compare`` measures the difference)
 TF32_HALF_PRODUCTS = True
 
-#: a parameter's own Grams (``x x^T``, ``g g^T`` of one row: symmetric) are formed as at most this many column
-#: strips of their lower triangle (:func:`strip_bounds`), about ``(n + 1) / (2 n)`` of a full product's work
+#: on CPU, a parameter's own Grams (``x x^T``, ``g g^T`` of one row: symmetric) are formed as at most this many
+#: column strips of their lower triangle (:func:`strip_bounds`), about ``(n + 1) / (2 n)`` of a full product's
+#: work. Elsewhere (CUDA) they are one full product (:func:`gram_strips`): on an H200 the strips made the
+#: one-pass step launch-bound (Qwen3-0.6B, T = 1024: 4.0x a GRPO step against 1.9x with one product;
+#: ``benchmarks/results/gpu/h200_scale``, run ``4_recompute_strips``)
 GRAM_STRIPS = 16
+#: strips per symmetric Gram on every other device type (1: one full product)
+GRAM_STRIPS_OTHER = 1
 #: the narrowest strip: a row of at most this many tokens gets one full product. Narrower products run at a
 #: lower rate: at the ghost path's shapes on this project's CPU 32 and 48 were about equally fast, 0.6-0.75x the
-#: full product's time, 16 no faster and 128 slower (``benchmarks/gram_strips.py``; GPU not measured)
+#: full product's time, 16 no faster and 128 slower (``benchmarks/gram_strips.py``)
 MIN_STRIP = 48
 
 
-def strip_bounds(T: int) -> list[tuple[int, int]]:
-    """``(start, width)`` of the column strips of a symmetric ``[T, T]`` Gram: strip ``j`` holds rows
-    ``start:`` of columns ``start:start + width``, i.e. its diagonal block and everything below it."""
-    w = max(MIN_STRIP, -(-T // GRAM_STRIPS))
+def gram_strips(device_type: str) -> int:
+    """Strips per symmetric Gram on ``device_type``: :data:`GRAM_STRIPS` on CPU, :data:`GRAM_STRIPS_OTHER` (1, one
+    full product) elsewhere."""
+    return GRAM_STRIPS if device_type == "cpu" else GRAM_STRIPS_OTHER
+
+
+def strip_bounds(T: int, device_type: str = "cpu") -> list[tuple[int, int]]:
+    """``(start, width)`` of the column strips of a symmetric ``[T, T]`` Gram on ``device_type``: strip ``j``
+    holds rows ``start:`` of columns ``start:start + width``, i.e. its diagonal block and everything below
+    it (one strip ``(0, T)`` where :func:`gram_strips` is 1)."""
+    n = gram_strips(device_type)
+    w = T if n <= 1 else max(MIN_STRIP, -(-T // n))
     return [(s, min(w, T - s)) for s in range(0, T, w)]
 
 
-def strip_entries(T: int) -> int:
+def strip_entries(T: int, device_type: str = "cpu") -> int:
     """Entries of a ``[T, T]`` Gram that :func:`strip_bounds`' strips form (``T^2`` for one strip)."""
-    return sum((T - s) * w for s, w in strip_bounds(T))
+    return sum((T - s) * w for s, w in strip_bounds(T, device_type))
 
 
 def tf32_eligible(device_type: str, dtypes) -> bool:
@@ -393,9 +406,10 @@ def sym_strips(t: Tensor, dtype: torch.dtype = torch.float32) -> list[Tensor]:
     """The lower-triangle strips of ``t t^T`` per sample (:func:`strip_bounds`): ``t`` [K, T, d] float gives
     ``[K, T - start, width]`` each; ``t`` [K, T] token ids stand for one-hot rows (their Gram is equality, as
     ``dtype``)."""
+    bounds = strip_bounds(t.shape[1], t.device.type)
     if t.is_floating_point():
-        return [torch.bmm(t[:, s:], t[:, s:s + w].transpose(1, 2)) for s, w in strip_bounds(t.shape[1])]
-    return [(t[:, s:, None] == t[:, None, s:s + w]).to(dtype) for s, w in strip_bounds(t.shape[1])]
+        return [torch.bmm(t[:, s:], t[:, s:s + w].transpose(1, 2)) for s, w in bounds]
+    return [(t[:, s:, None] == t[:, None, s:s + w]).to(dtype) for s, w in bounds]
 
 
 def strips_dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
@@ -405,6 +419,9 @@ def strips_dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
     for x, y in zip(a, b):
         K, w = x.shape[0], x.shape[2]
         whole = torch.linalg.vecdot(x.reshape(K, -1), y.reshape(K, -1))
+        if x.shape[1] == w:  # a square strip is its diagonal block alone (one strip: the whole Gram)
+            total = total + whole
+            continue
         diag = torch.linalg.vecdot(x[:, :w].reshape(K, -1), y[:, :w].reshape(K, -1))
         total = total + 2 * whole - diag
     return total
@@ -534,11 +551,11 @@ def token_windows(c: Outer) -> tuple[list[int], list[int]] | None:
 
 def ghost_cost(contribs: list[Outer]) -> int:
     """Multiply-adds of the Gram products plus ``MEMORY_COST`` per element of the Grams: ``T_a T_b`` elements
-    for a pair of two contributions, :func:`strip_entries` for a contribution with itself."""
+    for a pair of two contributions, :func:`strip_entries` (on the factors' device) for a contribution with itself."""
     cost = 0
     for a in contribs:
         for b in contribs:
-            n = strip_entries(a.T) if a is b else a.T * b.T
+            n = strip_entries(a.T, a.right.device.type) if a is b else a.T * b.T
             cost += n * ((1 if a.is_index or b.is_index else a.R) + a.C + MEMORY_COST)
     return cost
 
@@ -598,7 +615,11 @@ def grouped_sums(contribs: list[Contribution], grp: Grouping) -> tuple[Tensor, T
     for k0, k1 in _chunks(grp.K, _numel(regrouped[0].shape)):
         m = materialized_sum([c.slice(k0, k1) for c in regrouped]).reshape(k1 - k0, -1)
         sq.append(torch.linalg.vector_norm(m, dim=1).square())
-        total = m.sum(0) if total is None else total + m.sum(0)
+        if total is None:
+            total = m.sum(0)  # a new tensor (m may be a view of a kept one), then added into in place
+        else:
+            total.add_(m[0] if k1 - k0 == 1 else m.sum(0))
+        del m  # freed before the next chunk is formed: one chunk and the total live at a time
     return torch.cat(sq), total.reshape(regrouped[0].shape)
 
 
