@@ -93,7 +93,7 @@ first step against the default run's). What it costs and needs:
 |---|---|---|
 | `algorithm.memory_plan` | `none` (default), `auto`, `one_pass`, `recompute`, `two_pass` | `none`: no planning, `model.activation_checkpointing`, `algorithm.checkpointed_engine` and `algorithm.micro_batch_groups` as given (the default run is unchanged, bit for bit). `auto`: the planner chooses the engine and the micro-batch. `one_pass` / `recompute` / `two_pass`: that engine, the micro-batch chosen; `recompute` and `two_pass` turn `model.activation_checkpointing` on themselves and set `algorithm.checkpointed_engine` |
 | `algorithm.memory_budget_gb` | unset (default) or > 0 | memory per device (per rank), decimal GB. Unset with a plan: the free memory of the CUDA device before the model loads; on CPU a plan needs it |
-| `algorithm.checkpointed_engine` | `two_pass` (default), `recompute` | the exact-norm engine when `model.activation_checkpointing` is on and no plan chooses it (`memory_plan: none`): two-pass keeps nothing per layer and runs a second backward; recompute runs one backward and keeps each layer's per-row gradients. Refused with checkpointing off and no plan, and against a `memory_plan` that names the other engine |
+| `algorithm.checkpointed_engine` | `two_pass` (default), `recompute` | the exact-norm engine when `model.activation_checkpointing` is on and no plan chooses it (`memory_plan: none`): two-pass keeps nothing per layer and runs a second backward; recompute runs one backward and keeps each layer's per-row gradients. Refused with checkpointing off and no plan, against a `memory_plan` that names the other engine or `auto` (which chooses the engine itself), and `recompute` with `algorithm.norms_method=loop` (the loop reference runs on the one-pass engine) |
 
 The names are the registry `oblr.train.plan.MEMORY_PLANS` (the one registry pattern, so `oblr train --help`,
 `oblr tasks` and the refusals list them). `one_pass`/`recompute`/`two_pass` name the three exact-norm engines of
@@ -136,7 +136,9 @@ a halved micro-batch on a GPU usually less than that, unless the micro-batches a
 - **What the plan does not see**: generation (the rollout engine's KV cache and, for vllm, its
   `memory_fraction`), LoRA's smaller optimizer state (the full model's is counted: conservative), allocator
   fragmentation, CUDA context and NCCL buffers, and what the memory model itself leaves out (above). Leave
-  headroom: a budget of 90 % of the device is a reasonable start. The planner itself was not run on a GPU.
+  headroom: a budget of 90 % of the device is a reasonable start. On a GPU the planner ran once, on the
+  built-in tiny model: with no budget set it took the H200's free memory (150 GB) as the budget and logged its
+  plan (`benchmarks/gpu/train_check.py`, `benchmarks/results/gpu/h200_scale/summary.md`); not at Qwen3 sizes.
 - The saved `config.yaml` keeps the keys as written (`memory_plan`, `memory_budget_gb`), not the resolved
   checkpointing and micro-batch, so a resume plans again from the same keys (like `micro_batch_groups`,
   they are not among the keys a resume may change).
@@ -181,7 +183,10 @@ gradients, the output layer's (tied: with the embedding's token ids) or, in chun
 recomputed layer, the logits, the contributions of the layers above), the entropy after the backward (the
 logits and 3 temporaries, the contributions; the activations freed) and the assembly (the contributions and
 the gradients). It leaves out the one-pass engine's kept-dense conversion (never larger than the factors it
-replaces), chunked assembly work, fragmentation and memory outside torch's allocator.
+replaces), fragmentation and memory outside torch's allocator. The assembly (the weighted gradient and the
+group norms, entry by entry) is counted with its float32 working set (`memory_model.assembly_bytes`: each
+entry's group sums and running total over the gradients formed before it), checked against
+`contrib.grouped_sums` measured alone.
 
 Projection assumptions (not measured): Qwen3 shapes from the public Hugging Face configs as remembered
 here (0.6B: 28 layers, hidden 1024, MLP 3072, 16/8 heads; 1.7B: 28, 2048, 6144, 16/8; 4B: 36, 2560,
@@ -193,20 +198,27 @@ copy too, not counted); FSDP2 over 8 GPUs with bf16 sharded parameters and gradi
 resident; 80 GB (decimal) per GPU; no CUDA allocator overhead, no NCCL buffers, no rollout engine sharing
 the GPU. A micro-batch of 0 means one sequence does not fit without checkpointing.
 
-On one GPU (an H200, lent once; `bash benchmarks/gpu/scale_checks.sh`, results and their generated summary
+On one GPU (an H200, lent twice; `bash benchmarks/gpu/scale_checks.sh`, results and their generated summary
 in `benchmarks/results/gpu/h200_scale/summary.md`): `benchmarks/gpu/memory_check.py` checked the two-pass
-engine with checkpointing against the loop reference in float32 (w_i, advantages, gradient, group norms, S,
-V, learning rate; whole logits and chunks of 16; largest error 1.2e-6) and measured
+and the recompute engines with checkpointing against the loop reference in float32 (w_i, advantages,
+gradient, group norms, S, V, learning rate; whole logits and chunks of 16; largest error 1.2e-6) and measured
 `torch.cuda.max_memory_allocated` of a step against this model on Qwen3-0.6B-, 4B- and 8B-shaped models
-(random init, bf16, 4 sequences of 1024 or 4096 tokens): **16 of 20 peaks within 15 %**. The misses: three
-over-predictions (0.82-0.84, checkpointed GRPO or OBLR-PO with chunked logits) and one under-prediction,
-Qwen3-4B `grpo_ckpt_chunk` at 1024 tokens (1.16: 1.44 GiB above the prediction; not profiled -- its size
-is that of one float32 or two bf16 `vocab x hidden` tensors, which points at the tied weight's gradient at
-the end of the backward, a term the model leaves out and which only shows once chunking removes the logits'
-peak). Measured there: Qwen3-4B with 4 x 4096 tokens, checkpointing on, 45 GiB above the model with whole
-logits and 11.1 (GRPO) / 13.0 (OBLR-PO) GiB with chunks of 512; Qwen3-8B the same, 46.8 / 46.9 and 19.9 /
-26.2 GiB. The FSDP2 projection over 8 GPUs below was not run. The script's CPU path (`--dry-run`, tiny
-shapes) runs in the test suite (tests/scripts/test_gpu_memory_check.py).
+(random init, bf16, 4 sequences of 1024 or 4096 tokens; every plan, and Qwen3-4B with LoRA rank 16):
+**24 of 28 peaks within 15 %** of the current model (two more LoRA rows, of GRPO, are not counted: the model
+prices a LoRA run's gradients as the full model's for every plan but `oblr_recompute`, conservatively; they
+measure 0.62-0.89). The misses: three over-predictions (0.82-0.84, checkpointed GRPO or OBLR-PO with chunked
+logits) and one under-prediction, Qwen3-4B `grpo_ckpt_chunk` at 1024 tokens (1.16: 1.44 GiB above the
+prediction; not profiled -- its size is that of one float32 or two bf16 `vocab x hidden` tensors, which points
+at the tied weight's gradient at the end of the backward, a term the model leaves out and which only shows once
+chunking removes the logits' peak). Qwen3-0.6B `oblr_recompute_chunk` at 1024 tokens measured 1.21x the model
+of its day, 1.7 GiB above it: the assembly's float32 group sums of the output layer, which the model now counts
+(`memory_model.assembly_bytes`; 1.09 against the current model; the engine since frees each chunk before the
+next and adds into the running total in place, which was not measured on the GPU). Measured there: Qwen3-4B with 4 x 4096 tokens,
+checkpointing on, 45 GiB above the model with whole logits and 11.1 (GRPO) / 13.0 (OBLR-PO, two-pass) GiB with
+chunks of 512, 91.4 / 67.8 GiB for the recompute engine (its kept per-row gradients), and with LoRA 35.5 / 8.3
+GiB for the recompute engine against 44.8 / 8.3 for GRPO; Qwen3-8B, two-pass, 46.8 / 46.9 and 19.9 / 26.2
+GiB. The FSDP2 projection over 8 GPUs below was not run. The script's CPU path (`--dry-run`, tiny shapes)
+runs in the test suite (tests/scripts/test_gpu_memory_check.py).
 
 Where the model misses: every row is within 15 %. The largest over-predictions are the two-pass rows with
 whole logits at hidden 128 (0.88-0.89: fewer than the 5 logit-sized tensors assumed are live at once at the
@@ -256,14 +268,16 @@ CHUNK_PLANS = {"grpo_ckpt_chunk": "grpo_ckpt", "oblr_ckpt_chunk": "oblr_ckpt", "
 CHUNK_CASES = {(128, 2, 1024), (256, 2, 1024), (128, 4, 512), (128, 2, 256)}
 
 
-def predicted(s: mm.Shape, method: str, b: int, t: int, grads_live: bool = False) -> int:
-    """The memory model's step peak for a ``step_methods`` method name (``b``: sequences per micro-batch;
-    ``grads_live``: the batch is split, so later micro-batches hold the earlier ones' gradients)."""
+def predicted(s: mm.Shape, method: str, b: int, t: int, grads_live: bool = False, groups: int = 0) -> int:
+    """The memory model's step peak for a ``step_methods`` method name (``b``: sequences per micro-batch, of
+    ``groups`` prompt groups; ``grads_live``: the batch is split, so later micro-batches hold the earlier ones'
+    gradients)."""
     from step_methods import LOGIT_CHUNK
 
     if method in CHUNK_PLANS:
-        return mm.step_peak_bytes(s, CHUNK_PLANS[method], b, t, logit_chunk=LOGIT_CHUNK, grads_live=grads_live)
-    return mm.step_peak_bytes(s, method, b, t, grads_live=grads_live)
+        return mm.step_peak_bytes(s, CHUNK_PLANS[method], b, t, logit_chunk=LOGIT_CHUNK, grads_live=grads_live,
+                                  groups=groups)
+    return mm.step_peak_bytes(s, method, b, t, grads_live=grads_live, groups=groups)
 
 
 def plans_of(h: int, layers: int, resp: int) -> list[str]:
@@ -305,7 +319,7 @@ def measure(case, plans=mm.PLANS) -> list[dict]:
         except Exception as e:  # noqa: BLE001 -- one line naming the method
             raise RuntimeError(f"{m.name} failed on {case.name}: {type(e).__name__}: {e}") from e
         peak = _peak_bytes(prof)
-        pred = predicted(s, m.name, b, t, grads_live=split)
+        pred = predicted(s, m.name, b, t, grads_live=split, groups=b // case.group_size)
         rows.append(dict(case=case, plan=m.name, measured=peak, predicted=pred, ratio=peak / pred))
     return rows
 

@@ -45,8 +45,10 @@ Terms, for a Qwen3-architecture decoder (``Shape``) and a micro-batch of ``B`` s
   :func:`phase_bytes`.
 
 What this leaves out: the kept-dense conversion of the one-pass engine (it only replaces factors with
-smaller per-row gradients), the engines' chunked assembly work (for ``oblr_recompute`` one entry's float32
-working copy is counted), allocator fragmentation, and memory outside torch's allocator. The counts are
+smaller per-row gradients), the one-pass plan's factor working copies in its assembly (``oblr_recompute``
+counts the largest entry's), allocator fragmentation, and memory outside torch's allocator. The assembly of
+the one-pass and recompute plans is counted entry by entry with its float32 group sums
+(:func:`assembly_bytes`). The counts are
 derived from the code paths; the one-pass ``4h`` in-flight term and the two-pass norm-pass term were read off
 the CPU measurements, so they are calibrated, not derived. The ``oblr_recompute`` terms are derived (from
 ``contrib.keep_dense``, ``RecomputeBookKeeper._take`` and ``oblr.update``'s order: backward, entropy,
@@ -66,8 +68,9 @@ PLANS = ("grpo", "oblr", "grpo_ckpt", "oblr_ckpt", "oblr_recompute")
 LOGIT_MULT = {"grpo": 5, "oblr": 4, "grpo_ckpt": 5, "oblr_ckpt": 5, "oblr_recompute": 4}
 CHECKPOINTED = ("grpo_ckpt", "oblr_ckpt", "oblr_recompute")
 GIB = 2**30
-#: mirror of ``oblr.gradnorm.contrib.KEEP_DENSE_SLACK`` (tests check they agree)
+#: mirrors of ``oblr.gradnorm.contrib.KEEP_DENSE_SLACK`` and ``CHUNK_ELEMS`` (tests check they agree)
 KEEP_DENSE_SLACK = 1.0
+CHUNK_ELEMS = 1 << 26
 #: the modules LoRA adapts by default (``model.lora_targets``)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -241,21 +244,71 @@ def kept_bytes(s: Shape, batch: int, tokens: int, act_bytes: int = 4, logit_chun
     return out
 
 
+def _entries(s: Shape, tokens: int, act_bytes: int, logit_chunk: int, head_trainable: bool, lora_rank: int,
+             lora_targets) -> list[tuple[int, bool]]:
+    """The trainable entries in the engine's assembly order (parameter order: embedding, layers, final norm,
+    an untied ``lm_head``) as ``(R * C, kept dense)``; a tied embedding is one entry with ``lm_head``."""
+    h, V, ab = s.hidden, s.vocab, act_bytes
+    mods = _lora_modules(s, lora_rank, lora_targets)
+    if mods is not None:
+        per_layer = [e for _, R, C, _ in mods for e in ((lora_rank * C, keep_dense(lora_rank, C, tokens, ab)),
+                                                        (R * lora_rank, keep_dense(R, lora_rank, tokens, ab)))]
+        return per_layer * s.layers
+    head_dense = chunked(tokens, logit_chunk) or keep_dense(V, h, tokens, ab)
+    first = [(V * h, head_dense if s.tied else keep_dense(V, h, tokens, ab, index=True))] if head_trainable else []
+    per_layer = [(R * C, keep_dense(R, C, tokens, ab)) for _, R, C, _ in linears(s)] + [
+        (n, True) for n in (s.head_dim, s.head_dim, h, h)]
+    last = [(h, True)] + ([(V * h, head_dense)] if head_trainable and not s.tied else [])
+    return first + per_layer * s.layers + last
+
+
+def entry_work_units(n: int, dense: bool, groups: int, chunk_elems: int = CHUNK_ELEMS) -> int:
+    """Float32 ``[R, C]`` tensors (``n = R C`` elements) that ``contrib.grouped_sums`` holds at once for one
+    entry and ``groups`` groups (:func:`assembly_bytes`)."""
+    step = min(groups, max(1, chunk_elems // n))
+    return groups + 1 if dense else step + 1 + (1 < step < groups)
+
+
+def assembly_bytes(s: Shape, batch: int, tokens: int, groups: int = 0, act_bytes: int = 4, grad_bytes: int = 4,
+                   grad_shards: int = 1, logit_chunk: int = 0, head_trainable: bool = True, *, lora_rank: int = 0,
+                   lora_targets=LORA_TARGETS, grads_live: bool = False) -> int:
+    """Peak of the one-pass assembly (``BookKeeper.accumulate_grad_with_group_norms``, which the recompute
+    engine shares) above what it reads: the entries one after another (:func:`_entries`), each with the
+    gradients formed before it (all of them with ``grads_live``) and its own float32 working set in
+    ``contrib.grouped_sums``, in ``[R, C]`` units for ``K = groups`` groups (0: one per sequence): an entry kept
+    dense (one per-row sum) is regrouped into a new ``[K, R, C]`` and read in views, ``K + 1`` with the running
+    total; an entry kept as factors forms ``s = min(K, CHUNK_ELEMS / (R C))`` groups at a time, ``s + 1``, and
+    one more for the chunk's sum when it takes several chunks of more than one group. Plus the total's copy
+    in the gradient's dtype when that is narrower. At least every gradient (the end of the assembly). Measured
+    on CPU against ``grouped_sums`` alone (tests/core/test_memory_model.py). The output layer's working set is
+    the largest (``vocab x hidden``: 0.58 GiB per ``[R, C]`` at Qwen3-0.6B); on one GPU, leaving it out put a
+    chunked recompute step 1.7 GiB above the model."""
+    K = groups or batch
+    grads = lora_params(s, lora_rank, lora_targets) * grad_bytes // grad_shards
+    formed, peak = 0, 0
+    for n, dense in _entries(s, tokens, act_bytes, logit_chunk, head_trainable, lora_rank, lora_targets):
+        work = entry_work_units(n, dense, K) * n * 4 + (n * grad_bytes if grad_bytes < 4 else 0)
+        peak = max(peak, (grads if grads_live else formed) + work)
+        formed += n * grad_bytes // grad_shards
+    return max(peak, grads)
+
+
 def step_peak_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4, grad_bytes: int = 4,
                     grad_shards: int = 1, logit_chunk: int = 0, head_trainable: bool = True, *,
-                    lora_rank: int = 0, lora_targets=LORA_TARGETS, grads_live: bool = False) -> int:
+                    lora_rank: int = 0, lora_targets=LORA_TARGETS, grads_live: bool = False, groups: int = 0) -> int:
     """Peak of one step above the resident model, optimizer state and batch (what ``benchmarks/memory.py``
     measures on CPU): kept activations plus the largest of the step's phases (:func:`phase_bytes`).
     ``lora_rank``/``lora_targets``: LoRA adapters instead of full fine-tuning; only ``oblr_recompute`` uses
     them (its kept contributions and gradients are the adapters'); the other plans count the full model's
     gradients whatever they are (conservative). ``grads_live``: a micro-batch after the first of a split
-    batch, which starts with every gradient buffer held (:func:`phase_bytes`)."""
+    batch, which starts with every gradient buffer held (:func:`phase_bytes`). ``groups``: prompt groups in the
+    micro-batch (0: one per sequence, the most the exact-norm assembly can hold; :func:`assembly_bytes`)."""
     if batch < 1 or tokens < 2:
         raise ValueError(f"need batch >= 1 and tokens >= 2, got batch={batch}, tokens={tokens}")
     return (activation_bytes(s, plan, batch, tokens, act_bytes)
             + max(phase_bytes(s, plan, batch, tokens, act_bytes, grad_bytes, grad_shards, logit_chunk,
                               head_trainable, lora_rank=lora_rank, lora_targets=lora_targets,
-                              grads_live=grads_live).values()))
+                              grads_live=grads_live, groups=groups).values()))
 
 
 #: the phase of each plan in which its gradient buffers are formed (counted there already)
@@ -264,7 +317,8 @@ _GRADS_FORMED = {"oblr": "assembly", "grpo_ckpt": "recompute", "oblr_ckpt": "rec
 
 def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4, grad_bytes: int = 4,
                 grad_shards: int = 1, logit_chunk: int = 0, head_trainable: bool = True, *,
-                lora_rank: int = 0, lora_targets=LORA_TARGETS, grads_live: bool = False) -> dict[str, int]:
+                lora_rank: int = 0, lora_targets=LORA_TARGETS, grads_live: bool = False,
+                groups: int = 0, assembly_work: bool = True) -> dict[str, int]:
     """What each phase adds on top of the kept activations (``grads_live``: every gradient buffer is held
     from the start, the sum of the earlier micro-batches of a split batch; then each phase other than the one
     forming the gradients counts them too: ``P grad_bytes / grad_shards``, the adapters' with LoRA under
@@ -303,29 +357,32 @@ def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4
     its gradient ``batch * vocab * hidden`` throughout (a module called once per chunk:
     :class:`oblr.gradnorm.TwoPassBookKeeper`).
     """
+    asm = assembly_bytes(s, batch, tokens, groups, act_bytes, grad_bytes, grad_shards, logit_chunk, head_trainable,
+                         lora_rank=lora_rank if plan == "oblr_recompute" else 0, lora_targets=lora_targets,
+                         grads_live=grads_live) if assembly_work else 0  # gradients formed by the assembly + its work
     if plan == "oblr_recompute":
         out = _recompute_phases(s, batch, tokens, act_bytes, grad_bytes, grad_shards, logit_chunk, head_trainable,
-                                lora_rank, lora_targets)
+                                lora_rank, lora_targets, asm)
         live = lora_params(s, lora_rank, lora_targets) * grad_bytes // grad_shards
     else:
         out = _plain_phases(s, plan, batch, tokens, act_bytes, grad_bytes, grad_shards, logit_chunk, head_trainable,
-                            grads_live)
+                            grads_live, asm)
         live = n_params(s) * grad_bytes // grad_shards
-    if grads_live:
+    if grads_live:  # the assembly phase (assembly_bytes) counts the held gradients itself
         out = {k: v + (0 if k == _GRADS_FORMED.get(plan) else live) for k, v in out.items()}
     return out
 
 
 def _plain_phases(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int, grad_bytes: int, grad_shards: int,
-                  logit_chunk: int, head_trainable: bool, grads_live: bool = False) -> dict[str, int]:
+                  logit_chunk: int, head_trainable: bool, grads_live: bool = False, asm: int = 0) -> dict[str, int]:
     """:func:`phase_bytes` of every plan but ``oblr_recompute`` (with ``grads_live`` the output layer's
     gradient is an increment added into the held one, not a new buffer of the logits phase)."""
     grads = n_params(s) * grad_bytes // grad_shards
     head_grad = 0 if grads_live else s.vocab * s.hidden * grad_bytes // grad_shards
     out = {"logits": logits_bytes(s, plan, batch, tokens, logit_chunk) + (0 if plan == "oblr" else head_grad)}
-    if plan == "oblr":  # after the backward, the factors still kept: every gradient (the forward's own saved
-        # tensors counted as still held: conservative; each entry's float32 working copies are not counted)
-        out["assembly"] = grads
+    if plan == "oblr":  # after the backward, the factors still kept: the assembly (:func:`assembly_bytes`: the
+        # gradients and one entry's group sums; the forward's own saved tensors counted as still held: conservative)
+        out["assembly"] = max(grads, asm)
     if plan.endswith("_ckpt"):
         out["recompute"] = recompute_bytes(s, batch, tokens, act_bytes) + grads
     if plan == "oblr_ckpt" and chunked(tokens, logit_chunk):  # the chunks, then the layers; the sum stays
@@ -357,7 +414,8 @@ def _working_copies(s: Shape, batch: int, tokens: int, act_bytes: int, logit_chu
 
 
 def _recompute_phases(s: Shape, batch: int, tokens: int, act_bytes: int, grad_bytes: int, grad_shards: int,
-                      logit_chunk: int, head_trainable: bool, lora_rank: int, lora_targets) -> dict[str, int]:
+                      logit_chunk: int, head_trainable: bool, lora_rank: int, lora_targets,
+                      asm: int = 0) -> dict[str, int]:
     """:func:`phase_bytes` of ``oblr_recompute`` (its docstring)."""
     whole = not chunked(tokens, logit_chunk)
     head_on = head_trainable and _lora_modules(s, lora_rank, lora_targets) is None
@@ -376,14 +434,17 @@ def _recompute_phases(s: Shape, batch: int, tokens: int, act_bytes: int, grad_by
                          + (logit if whole else 0) + mat)}
     if whole:  # after the backward the activations are freed: these two count their bytes less ``acts``
         out["entropy"] = 4 * logit + kept - acts
-    out["assembly"] = kept + grads + (logit if whole else 0) + fac - acts
+    out["assembly"] = kept + max(grads, asm) + (logit if whole else 0) + fac - acts
     return out
 
 
 def per_sequence_bytes(s: Shape, plan: str, tokens: int, act_bytes: int = 2, logit_chunk: int = 0) -> int:
-    """What one more sequence in the micro-batch costs: activations (``act_bytes``) + float32 logits."""
+    """What one more sequence in the micro-batch costs: activations (``act_bytes``) + float32 logits. The
+    exact-norm assembly's working set is a cost of the micro-batch, not of a sequence: :func:`max_micro_batch`
+    sets it aside."""
     return activation_bytes(s, plan, 1, tokens, act_bytes) + max(
-        v for k, v in phase_bytes(s, plan, 1, tokens, act_bytes, grad_bytes=0, logit_chunk=logit_chunk).items())
+        v for k, v in phase_bytes(s, plan, 1, tokens, act_bytes, grad_bytes=0, logit_chunk=logit_chunk,
+                                  assembly_work=False).items())
 
 
 def resident_bytes(s: Shape, world: int = 8, param_bytes: int = 2, grad_bytes: int = 2, optim_bytes: int = 12) -> int:
@@ -399,8 +460,12 @@ def resident_bytes(s: Shape, world: int = 8, param_bytes: int = 2, grad_bytes: i
 
 def max_micro_batch(s: Shape, plan: str, tokens: int, budget_bytes: float, world: int = 8,
                     logit_chunk: int = 0) -> int:
-    """Largest micro-batch (sequences) whose predicted peak fits ``budget_bytes`` per GPU (0 if none)."""
+    """Largest micro-batch (sequences) whose predicted peak fits ``budget_bytes`` per GPU (0 if none): the
+    budget less the resident state and, for the one-pass and recompute plans, one group's assembly working set
+    (:func:`assembly_bytes` of its largest entry), divided by :func:`per_sequence_bytes`."""
     free = budget_bytes - resident_bytes(s, world)
+    if plan in ("oblr", "oblr_recompute"):
+        free -= assembly_bytes(s, 1, tokens, 1, 2, grad_bytes=0, logit_chunk=logit_chunk)
     return max(0, int(free // per_sequence_bytes(s, plan, tokens, logit_chunk=logit_chunk)))
 
 

@@ -98,6 +98,11 @@ def test_train_help_lists_every_registry_without_torch():
      "engine used with activation checkpointing, but model.activation_checkpointing is false"),
     (["algorithm.memory_plan=two_pass", "algorithm.memory_budget_gb=80", "algorithm.checkpointed_engine=recompute"],
      "'recompute' contradicts algorithm.memory_plan 'two_pass'"),
+    (["algorithm.memory_plan=auto", "algorithm.memory_budget_gb=80", "algorithm.checkpointed_engine=recompute"],
+     "'recompute' contradicts algorithm.memory_plan 'auto', which sets the engine itself; leave this key at "
+     "two_pass (or set memory_plan=recompute to use that engine)"),
+    (["model.activation_checkpointing=true", "algorithm.checkpointed_engine=recompute", "algorithm.norms_method=loop"],
+     "config key 'algorithm.checkpointed_engine': 'recompute' is not used with algorithm.norms_method=loop"),
     (["algorithm.memory_plan=recompute", "algorithm.memory_budget_gb=80", "algorithm.norms_method=ghost"],
      "'recompute' is priced for algorithm.norms_method=auto"),
     (["algorithm.memory_plan=recompute", "algorithm.baseline=grpo", "algorithm.lr_schedule=constant"],

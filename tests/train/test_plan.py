@@ -372,6 +372,9 @@ def test_chunked_logits_bring_the_papers_long_responses_under_80_gb():
         choose_plan(s4, **kw)
     with pytest.raises(PlanError, match=r"the smallest budget that works is [\d.]+ GB$"):  # no hint: chunks are on
         choose_plan(s4, **dict(kw, budget_bytes=30 * GB), logit_chunk=512)
+    # the hint names the engine it priced: the recompute engine alone (memory_plan=recompute) gets its own figure
+    with pytest.raises(PlanError, match=r"model.logit_chunk_tokens=512, recompute needs [\d.]+ GB: docs/scale.md\)$"):
+        choose_plan(s4, **dict(kw, allowed=("recompute",)))
     p = choose_plan(s4, **kw, logit_chunk=256)
     assert (p.engine, p.logit_chunk) == ("two-pass", 256) and p.groups >= 1 and p.peak_bytes <= 80 * GB
     assert "output layer in chunks of 256 positions, predicted peak" in p.line()

@@ -166,13 +166,14 @@ def _engine(e) -> str:
 def predicted_peak(shape: mm.Shape, *, exact_norms: bool, checkpointing: bool | str, sequences: int, tokens: int,
                    param_bytes: int, resident_bytes: int, world: int = 1, sharded: bool = False,
                    logit_chunk: int = 0, head_trainable: bool = True, lora_rank: int = 0,
-                   lora_targets: tuple = mm.LORA_TARGETS, split: bool = False) -> int:
+                   lora_targets: tuple = mm.LORA_TARGETS, split: bool = False, groups: int = 0) -> int:
     """Resident state plus the memory model's step peak for one micro-batch of ``sequences``; ``checkpointing``:
     an engine name (``one_pass``, ``recompute``, ``two_pass``) or the checkpointing setting (False / True =
     one-pass / two-pass; without exact norms only whether checkpointing is on counts). ``lora_rank`` /
     ``lora_targets``: LoRA adapters, which the recompute engine's kept contributions are priced for (the other
     plans count the full model's gradients: conservative). ``split``: the rank's batch takes more than one
-    micro-batch, so the later ones run with the earlier ones' gradients held (``grads_live``)."""
+    micro-batch, so the later ones run with the earlier ones' gradients held (``grads_live``). ``groups``: prompt
+    groups in the micro-batch (the exact-norm assembly's group sums; 0: one per sequence, conservative)."""
     e = _engine(checkpointing)
     key = MODEL_KEYS[e] if exact_norms else ("grpo_ckpt" if CHECKPOINTED[e] else "grpo")
     extra = {}
@@ -181,7 +182,7 @@ def predicted_peak(shape: mm.Shape, *, exact_norms: bool, checkpointing: bool | 
     return resident_bytes + mm.step_peak_bytes(shape, key, sequences, tokens, act_bytes=param_bytes,
                                                grad_bytes=param_bytes, grad_shards=world if sharded else 1,
                                                logit_chunk=logit_chunk, head_trainable=head_trainable,
-                                               grads_live=split, **extra)
+                                               grads_live=split, groups=groups, **extra)
 
 
 def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allowed: tuple,
@@ -214,16 +215,19 @@ def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allo
         return predicted_peak(shape, exact_norms=exact_norms, checkpointing=engine, sequences=g * group_size,
                               tokens=tokens, param_bytes=param_bytes, resident_bytes=resident_bytes, world=world,
                               sharded=sharded, logit_chunk=chunk, head_trainable=head_trainable, lora_rank=lora_rank,
-                              lora_targets=lora_targets, split=g < groups)
+                              lora_targets=lora_targets, split=g < groups, groups=g)
 
     def _chunk_hint() -> str:
-        """What chunked logits would need, when they are off, checkpointing is allowed and they would help."""
-        if logit_chunk or "two_pass" not in allowed or tokens - 1 <= HINT_CHUNK:
+        """What chunked logits would need, when they are off, a checkpointed engine is allowed and they would help
+        (the allowed checkpointed engine that needs least with them: two-pass or recompute)."""
+        ckpt = [e for e in allowed if CHECKPOINTED[e]]
+        if logit_chunk or not ckpt or tokens - 1 <= HINT_CHUNK:
             return ""
-        chunked = peak("two_pass", 1, HINT_CHUNK)
-        if chunked >= peak("two_pass", 1):
+        e = min(ckpt, key=lambda e: peak(e, 1, HINT_CHUNK))
+        chunked = peak(e, 1, HINT_CHUNK)
+        if chunked >= min(peak(x, 1) for x in allowed):
             return ""
-        return (f" (with the output layer in chunks, model.logit_chunk_tokens={HINT_CHUNK}, two-pass needs "
+        return (f" (with the output layer in chunks, model.logit_chunk_tokens={HINT_CHUNK}, {ENGINE_NAMES[e]} needs "
                 f"{_gb(chunked)} GB: docs/scale.md)" if exact_norms else
                 f" (with the output layer in chunks, model.logit_chunk_tokens={HINT_CHUNK}, it needs {_gb(chunked)} GB: "
                 "docs/scale.md)")
@@ -264,6 +268,10 @@ def config_problems(cfg) -> list[tuple[str, str]]:
     once ``algorithm.memory_plan`` is a registered name)."""
     a, out = cfg.algorithm, []
     plan, budget = a.memory_plan, a.memory_budget_gb
+    if a.checkpointed_engine == "recompute" and a.norms_method == "loop":
+        out.append(("algorithm.checkpointed_engine", "'recompute' is not used with algorithm.norms_method=loop: the "
+                    "loop reference runs one backward per sequence on the one-pass engine; set norms_method=auto "
+                    "(or ghost / materialize), or leave this key at two_pass"))
     if plan == "none":
         if budget is not None and budget > 0:  # a budget out of range is reported by its range
             out.append(("algorithm.memory_budget_gb", f"a budget ({budget:g} GB) is set but algorithm.memory_plan is "
@@ -292,9 +300,10 @@ def config_problems(cfg) -> list[tuple[str, str]]:
                     f"per-row gradients where they are smaller than their factors); with {a.norms_method!r} it "
                     "keeps every weight's factors, which the memory model does not price; use norms_method=auto, "
                     "or memory_plan two_pass"))
-    if plan in ("one_pass", "recompute", "two_pass") and a.checkpointed_engine not in ("two_pass", plan):
+    if plan in ("auto", "one_pass", "recompute", "two_pass") and a.checkpointed_engine not in ("two_pass", plan):
         out.append(("algorithm.checkpointed_engine", f"{a.checkpointed_engine!r} contradicts algorithm.memory_plan "
-                    f"{plan!r}, which sets the engine itself; leave this key at two_pass"))
+                    f"{plan!r}, which sets the engine itself; leave this key at two_pass"
+                    + (f" (or set memory_plan={a.checkpointed_engine} to use that engine)" if plan == "auto" else "")))
     return out + chunk_problems(cfg)
 
 
