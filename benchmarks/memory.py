@@ -204,16 +204,17 @@ and the recompute engines with checkpointing against the loop reference in float
 gradient, group norms, S, V, learning rate; whole logits and chunks of 16; largest error 1.2e-6) and measured
 `torch.cuda.max_memory_allocated` of a step against this model on Qwen3-0.6B-, 4B- and 8B-shaped models
 (random init, bf16, 4 sequences of 1024 or 4096 tokens; every plan, and Qwen3-4B with LoRA rank 16):
-**24 of 28 peaks within 15 %** of the current model (two more LoRA rows, of GRPO, are not counted: the model
+**25 of 28 peaks within 15 %** of the current model (two more LoRA rows, of GRPO, are not counted: the model
 prices a LoRA run's gradients as the full model's for every plan but `oblr_recompute`, conservatively; they
-measure 0.62-0.89). The misses: three over-predictions (0.82-0.84, checkpointed GRPO or OBLR-PO with chunked
-logits) and one under-prediction, Qwen3-4B `grpo_ckpt_chunk` at 1024 tokens (1.16: 1.44 GiB above the
-prediction; not profiled -- its size is that of one float32 or two bf16 `vocab x hidden` tensors, which points
-at the tied weight's gradient at the end of the backward, a term the model leaves out and which only shows once
-chunking removes the logits' peak). Qwen3-0.6B `oblr_recompute_chunk` at 1024 tokens measured 1.21x the model
-of its day, 1.7 GiB above it: the assembly's float32 group sums of the output layer, which the model now counts
-(`memory_model.assembly_bytes`; 1.09 against the current model; the engine since frees each chunk before the
-next and adds into the running total in place, which was not measured on the GPU). Measured there: Qwen3-4B with 4 x 4096 tokens,
+measure 0.62-0.89). The misses are three over-predictions (0.82-0.84, checkpointed GRPO or OBLR-PO with chunked
+logits). Two under-predictions of the model of the day led to two terms: Qwen3-4B `grpo_ckpt_chunk` at 1024
+tokens (1.16: 1.44 GiB above, the size of two bf16 `vocab x hidden` tensors: at the end of the backward
+autograd holds `lm_head`'s weight gradient until the tied embedding's arrives and sums the two, the `tied_sum`
+phase; 1.07 now -- read off this row, so not an independent check) and Qwen3-0.6B `oblr_recompute_chunk` at
+1024 tokens (1.21: 1.7 GiB above; the assembly's float32 group sums of the output layer,
+`memory_model.assembly_bytes`, derived and checked against `contrib.grouped_sums` on CPU; 1.09 now; the engine
+since frees each chunk before the next and adds into the running total in place, not measured on the GPU).
+Measured there: Qwen3-4B with 4 x 4096 tokens,
 checkpointing on, 45 GiB above the model with whole logits and 11.1 (GRPO) / 13.0 (OBLR-PO, two-pass) GiB with
 chunks of 512, 91.4 / 67.8 GiB for the recompute engine (its kept per-row gradients), and with LoRA 35.5 / 8.3
 GiB for the recompute engine against 44.8 / 8.3 for GRPO; Qwen3-8B, two-pass, 46.8 / 46.9 and 19.9 / 26.2

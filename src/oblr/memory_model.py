@@ -329,6 +329,11 @@ def phase_bytes(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int = 4
     - ``logits`` (start of the backward): the logit-sized tensors and ``lm_head``'s gradient (the first one
       formed; none for the one-pass engine, whose backward forms no weight gradient);
     - ``recompute`` (checkpointed plans, after ``lm_head``'s backward): one recomputed layer and all gradients;
+    - ``tied_sum`` (a tied, trainable output layer; every plan whose backward forms weight gradients, i.e. all
+      but ``oblr``): at the end of the backward autograd's input buffer has held ``lm_head``'s weight gradient
+      until the embedding's arrives and sums the two: every gradient plus ``2 V h grad_bytes``. Read off one GPU
+      measurement (Qwen3-4B, chunked logits: 1.44 GiB above the model without it, two bf16 ``V x h``); it only
+      shows when chunking removes the logits' peak;
     - ``norm_pass`` (``oblr_ckpt`` only): the two-pass engine's norm pass runs with ``retain_graph``, so the
       logits and saved log-softmax stay, plus ``lm_head``'s output gradient, plus (tied embeddings) its kept
       copy for the cross term -- 4 logit-sized tensors tied, 3 untied -- and one recomputed layer; no gradients.
@@ -385,6 +390,11 @@ def _plain_phases(s: Shape, plan: str, batch: int, tokens: int, act_bytes: int, 
         out["assembly"] = max(grads, asm)
     if plan.endswith("_ckpt"):
         out["recompute"] = recompute_bytes(s, batch, tokens, act_bytes) + grads
+    if s.tied and head_trainable and plan != "oblr":
+        # the end of an autograd backward with a tied output layer: autograd's input buffer holds lm_head's weight
+        # gradient until the embedding's arrives, then sums the two (two more vocab x hidden tensors than the
+        # gradients; read off one GPU row, Qwen3-4B with chunked logits, 1.44 GiB above the model without it)
+        out["tied_sum"] = (0 if grads_live else grads) + 2 * s.vocab * s.hidden * grad_bytes
     if plan == "oblr_ckpt" and chunked(tokens, logit_chunk):  # the chunks, then the layers; the sum stays
         out["norm_pass"] = ((batch * s.vocab * s.hidden * 4 if head_trainable else 0)
                             + max(4 * batch * logit_chunk * s.vocab * 4, recompute_bytes(s, batch, tokens, act_bytes)))

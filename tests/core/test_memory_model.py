@@ -30,9 +30,15 @@ def test_activation_counts_by_hand():
 def test_step_peak_by_hand():
     b, t, P = 3, 5, mm.n_params(TINY)
     logits = 15 * 10 * 4  # one B*T*V float32 tensor
-    # GRPO: activations 15 tokens * 485 elements * 4 bytes + 5 logit-sized tensors + lm_head's gradient (V*h)
-    grpo = 15 * 485 * 4 + 5 * logits + 80 * 4
+    # the end of an autograd backward with the tied output layer: every gradient and two more V*h (autograd's
+    # input buffer holds lm_head's weight gradient until the embedding's arrives, then sums them)
+    tied = P * 4 + 2 * 80 * 4
+    # GRPO: activations 15 tokens * 485 elements * 4 bytes + the larger of 5 logit-sized tensors with lm_head's
+    # gradient (V*h) and the tied sum
+    grpo = 15 * 485 * 4 + max(5 * logits + 80 * 4, tied)
     assert mm.step_peak_bytes(TINY, "grpo", b, t) == grpo
+    assert mm.phase_bytes(TINY, "grpo", b, t)["tied_sum"] == tied
+    assert "tied_sum" not in mm.phase_bytes(mm.Shape(2, 8, 24, 2, 1, 4, 10, False), "grpo", b, t)
     # one pass: 15 * (2*232 + 32 + 5) * 4 + the larger of 4 logit-sized tensors (its backward forms no gradient)
     # and the assembly (the factors still kept; test_assembly_by_hand: 8864 bytes, above every gradient, P * 4)
     asm = mm.assembly_bytes(TINY, b, t)
@@ -41,7 +47,7 @@ def test_step_peak_by_hand():
     assert mm.phase_bytes(TINY, "oblr", b, t) == {"logits": 4 * logits, "assembly": asm}
     # checkpointed: layer inputs 2*8 + 4*8 outside + the mask; then max(5 logits + head grad, one layer 224 + grads)
     kept = 15 * 53 * 4
-    ckpt = kept + max(5 * logits + 80 * 4, 15 * 224 * 4 + P * 4)
+    ckpt = kept + max(5 * logits + 80 * 4, 15 * 224 * 4 + P * 4, tied)
     assert mm.step_peak_bytes(TINY, "grpo_ckpt", b, t) == ckpt
     # two-pass norm pass: 4 logit-sized tensors (tied) + one recomputed layer
     assert mm.phase_bytes(TINY, "oblr_ckpt", b, t)["norm_pass"] == 4 * logits + 15 * 224 * 4
@@ -172,6 +178,8 @@ def test_split_batch_counts_the_earlier_micro_batches_gradients():
         a = mm.phase_bytes(s, plan, 2, t)
         b = mm.phase_bytes(s, plan, 2, t, grads_live=True)
         want = {k: 0 if k == mm._GRADS_FORMED.get(plan) else live for k in a}
+        if "tied_sum" in a:  # the sum of the tied weight's two gradients: every gradient held already, or formed
+            want["tied_sum"] = 0
         if plan in ("oblr", "oblr_recompute"):  # the assembly: every gradient held under every entry
             want["assembly"] = mm.assembly_bytes(s, 2, t, grads_live=True) - mm.assembly_bytes(s, 2, t)
         if plan in ("grpo", "grpo_ckpt", "oblr_ckpt"):
