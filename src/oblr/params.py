@@ -37,7 +37,8 @@ def sq_norm_sum(tensors, *, dtype=None, device=None):
         raise ValueError(f"sq_norm_sum: dtype must be torch.float32 or torch.float64, got {dtype}")
     total = torch.zeros((), dtype=dtype, device=device)  # None: torch's default dtype (float32), as before
     for t in tensors:
-        total = total + (_sq_sum64(t) if dtype == torch.float64 else t.float().pow(2).sum())
+        total = total + (_sq_sum64(t) if dtype == torch.float64
+                         else (t if t.dtype == torch.float32 else t.float()).pow(2).sum())
     return total
 
 

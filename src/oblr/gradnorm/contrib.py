@@ -179,6 +179,17 @@ class Grouping:
         return Grouping.from_groups(coeffs, torch.zeros_like(coeffs, dtype=torch.long))
 
 
+def f32(t: Tensor) -> Tensor:
+    """``t`` in float32: itself when it already is (``t.float()`` would dispatch a no-op conversion, one host-side
+    operator per call, which a launch-bound GPU step pays; ``benchmarks/op_count.py``)."""
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def _one_or_cat(parts: list[Tensor]) -> Tensor:
+    """``torch.cat(parts)``, or the single part itself (no copy, no operator)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def _chunks(K: int, per_item: int, budget: int = CHUNK_ELEMS):
     step = max(1, budget // max(1, per_item))
     for k0 in range(0, K, step):
@@ -216,8 +227,8 @@ class Outer:
         return self.right.shape[1]
 
     def regroup(self, grp: Grouping) -> Outer:
-        left = self.left if self.is_index else self.left.float()
-        right = self.right.float()
+        left = self.left if self.is_index else f32(self.left)
+        right = f32(self.right)
         if grp.index is None:
             return Outer(left, right, self.shape, self.win)
         K, M = grp.index.shape
@@ -288,9 +299,9 @@ class Outer:
         K, R, C = self.K, self.R, self.C
         out = z.view(K, R, C)
         if self.is_index:
-            out.scatter_add_(1, self.left[..., None].expand(-1, -1, C), self.right.float())
+            out.scatter_add_(1, self.left[..., None].expand(-1, -1, C), f32(self.right))
         else:
-            out.baddbmm_(self.left.float().transpose(1, 2), self.right.float())
+            out.baddbmm_(f32(self.left).transpose(1, 2), f32(self.right))
 
     def materialize_cost(self) -> int:
         """Multiply-adds of the product plus ``MEMORY_COST`` per element of the [R, C] result (written, read)."""
@@ -305,7 +316,7 @@ class Dense:
     """
 
     def __init__(self, z: Tensor, owned: bool = False):
-        self.z = z.float()
+        self.z = f32(z)
         self.shape = tuple(z.shape[1:])
         self.owned = owned
 
@@ -487,7 +498,7 @@ def ghost_inner(a: Outer, b: Outer, cache: GramCache | None = None) -> Tensor:
             gr = torch.bmm(ac.right, bc.right.transpose(1, 2))
         lg = _left_gram(ac, bc)
         out.append(torch.linalg.vecdot(lg.reshape(k1 - k0, -1), gr.reshape(k1 - k0, -1)))
-    return torch.cat(out)
+    return _one_or_cat(out)
 
 
 def _ghost_inner_windows(a: Outer, b: Outer, cache: GramCache | None) -> Tensor:
@@ -620,7 +631,7 @@ def grouped_sums(contribs: list[Contribution], grp: Grouping) -> tuple[Tensor, T
         else:
             total.add_(m[0] if k1 - k0 == 1 else m.sum(0))
         del m  # freed before the next chunk is formed: one chunk and the total live at a time
-    return torch.cat(sq), total.reshape(regrouped[0].shape)
+    return _one_or_cat(sq), total.reshape(regrouped[0].shape)
 
 
 def sq_norm(contribs: list[Contribution], method: str, cache: GramCache | None = None) -> Tensor:
@@ -637,4 +648,4 @@ def sq_norm(contribs: list[Contribution], method: str, cache: GramCache | None =
     for k0, k1 in _chunks(K, per_item):
         m = materialized_sum([c.slice(k0, k1) for c in contribs])
         out.append(torch.linalg.vector_norm(m.reshape(k1 - k0, -1), dim=1).square())
-    return torch.cat(out)
+    return _one_or_cat(out)

@@ -345,13 +345,13 @@ class BookKeeper:
         return self._batch
 
     def _assemble(self, grp: Grouping) -> torch.Tensor:
-        total = torch.zeros(grp.K, dtype=torch.float32, device=self._device)
+        parts = []  # each entry's [K] norms, summed once at the end (one operator, not one per entry)
         cache = GramCache()  # q/k/v (and gate/up) share their input: its Gram is computed once
         for e in self._entries:
             if e.contribs:
                 with tf32_products(half_factors(e.contribs)):
-                    total = total + sq_norm([c.regroup(grp) for c in e.contribs], self.method, cache)
-        return total
+                    parts.append(sq_norm([c.regroup(grp) for c in e.contribs], self.method, cache))
+        return _sum_parts(parts, grp.K, self._device)
 
     def sq_norms(self) -> torch.Tensor:
         """w_i = ||s_i||^2 over all trainable parameters. [B] float32."""
@@ -389,15 +389,15 @@ class BookKeeper:
         """
         self._check(coeffs)
         grp = Grouping.from_groups(coeffs.to(self._device), group_ids.to(self._device))
-        sq = torch.zeros(grp.K, dtype=torch.float32, device=self._device)
+        parts = []
         for e in self._entries:
             if not e.contribs:
                 continue
             with tf32_products(half_factors(e.contribs)):
                 e_sq, inc = grouped_sums(e.contribs, grp)
-            sq = sq + e_sq
+            parts.append(e_sq)
             self._give(e.param, inc)
-        return sq
+        return _sum_parts(parts, grp.K, self._device)
 
     def _give(self, p: nn.Parameter, inc: torch.Tensor) -> None:
         """Hand a freshly assembled increment to the sink (the default one keeps it as ``.grad``, uncopied)."""
@@ -417,6 +417,13 @@ class BookKeeper:
     def parameter_names(self) -> list[str]:
         """Names of the trainable parameters (deduplicated by identity) in assembly order."""
         return [e.name for e in self._entries]
+
+
+def _sum_parts(parts: list[torch.Tensor], K: int, device) -> torch.Tensor:
+    """The sum of per-entry [K] float32 norms (zeros when there are none)."""
+    if not parts:
+        return torch.zeros(K, dtype=torch.float32, device=device)
+    return torch.stack(parts).sum(0)
 
 
 def checkpointing_modules(model: nn.Module) -> list[str]:
@@ -445,10 +452,10 @@ def _add_grad(p: nn.Parameter, inc: torch.Tensor, owned: bool = False) -> None:
     """``p.grad += inc`` (created if None), in the parameter's dtype. ``owned``: nothing else holds ``inc``,
     so a new ``.grad`` may be ``inc`` itself rather than a copy."""
     if p.grad is None:
-        g = inc.to(p.dtype).reshape(p.shape)
+        g = (inc if inc.dtype == p.dtype else inc.to(p.dtype)).reshape(p.shape)
         p.grad = g if owned and g.is_contiguous() else g.clone()
     else:
-        p.grad.add_(inc.to(p.grad.dtype).reshape(p.shape))
+        p.grad.add_((inc if inc.dtype == p.grad.dtype else inc.to(p.grad.dtype)).reshape(p.shape))
 
 
 def sequence_grad_sq_norms(

@@ -14,19 +14,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..contrib import Dense
+from ..contrib import Dense, f32
 from .base import register_rule, register_structural_rule
 
 
 def _rms_hat(x: torch.Tensor, nd: int, eps: float) -> torch.Tensor:
-    xf = x.float()
+    xf = f32(x)
     dims = tuple(range(-nd, 0))
     return xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
 
 
 def _reduce(g: torch.Tensor, v: torch.Tensor, shape) -> torch.Tensor:
     """sum over every dim but batch and the trailing ``shape`` dims: [B, *shape] float32."""
-    return (g.float() * v).reshape(g.shape[0], -1, *shape).sum(1)
+    return (f32(g) * v).reshape(g.shape[0], -1, *shape).sum(1)
 
 
 @register_rule(nn.RMSNorm, params=("weight",))
@@ -78,5 +78,7 @@ def _hf_probe(module: nn.Module) -> torch.Tensor:
 
 @register_structural_rule(_is_hf_rmsnorm, _hf_probe, params=("weight",))
 def hf_rmsnorm_rule(module: nn.Module, x, g, names):
-    x_hat = _rms_hat(x, 1, _hf_eps(module)).to(x.dtype).float()  # HF casts x_hat to the input dtype
+    x_hat = _rms_hat(x, 1, _hf_eps(module))
+    if x.dtype != torch.float32:  # HF casts x_hat to the input dtype
+        x_hat = x_hat.to(x.dtype).float()
     return {"weight": Dense(_reduce(g, x_hat, (module.weight.shape[0],)))}
