@@ -256,8 +256,9 @@ def _entries(s: Shape, tokens: int, act_bytes: int, logit_chunk: int, head_train
         return per_layer * s.layers
     head_dense = chunked(tokens, logit_chunk) or keep_dense(V, h, tokens, ab)
     first = [(V * h, head_dense if s.tied else keep_dense(V, h, tokens, ab, index=True))] if head_trainable else []
-    per_layer = [(R * C, keep_dense(R, C, tokens, ab)) for _, R, C, _ in linears(s)] + [
-        (n, True) for n in (s.head_dim, s.head_dim, h, h)]
+    lin = [(R * C, keep_dense(R, C, tokens, ab)) for _, R, C, _ in linears(s)]
+    # the engine's order (parameter registration): q, k, v, o, q_norm, k_norm, gate, up, down, the two layer norms
+    per_layer = lin[:4] + [(s.head_dim, True)] * 2 + lin[4:] + [(h, True)] * 2
     last = [(h, True)] + ([(V * h, head_dense)] if head_trainable and not s.tied else [])
     return first + per_layer * s.layers + last
 
@@ -266,7 +267,7 @@ def entry_work_units(n: int, dense: bool, groups: int, chunk_elems: int = CHUNK_
     """Float32 ``[R, C]`` tensors (``n = R C`` elements) that ``contrib.grouped_sums`` holds at once for one
     entry and ``groups`` groups (:func:`assembly_bytes`)."""
     step = min(groups, max(1, chunk_elems // n))
-    return groups + 1 if dense else step + 1 + (1 < step < groups)
+    return (groups if dense else step) + 1 + (1 < step < groups)
 
 
 def assembly_bytes(s: Shape, batch: int, tokens: int, groups: int = 0, act_bytes: int = 4, grad_bytes: int = 4,
@@ -277,8 +278,10 @@ def assembly_bytes(s: Shape, batch: int, tokens: int, groups: int = 0, act_bytes
     gradients formed before it (all of them with ``grads_live``) and its own float32 working set in
     ``contrib.grouped_sums``, in ``[R, C]`` units for ``K = groups`` groups (0: one per sequence): an entry kept
     dense (one per-row sum) is regrouped into a new ``[K, R, C]`` and read in views, ``K + 1`` with the running
-    total; an entry kept as factors forms ``s = min(K, CHUNK_ELEMS / (R C))`` groups at a time, ``s + 1``, and
-    one more for the chunk's sum when it takes several chunks of more than one group. Plus the total's copy
+    total; an entry kept as factors forms ``s = min(K, CHUNK_ELEMS / (R C))`` groups at a time, ``s + 1``; either
+    takes one more for the chunk's sum when it runs in several chunks of more than one group (the regrouping
+    of a dense entry by non-contiguous group ids holds more, which training never does: its groups are
+    contiguous rows). Plus the total's copy
     in the gradient's dtype when that is narrower. At least every gradient (the end of the assembly). Measured
     on CPU against ``grouped_sums`` alone (tests/core/test_memory_model.py). The output layer's working set is
     the largest (``vocab x hidden``: 0.58 GiB per ``[R, C]`` at Qwen3-0.6B); on one GPU, leaving it out put a

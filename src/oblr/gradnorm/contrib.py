@@ -59,8 +59,8 @@ TF32_HALF_PRODUCTS = True
 #: on CPU, a parameter's own Grams (``x x^T``, ``g g^T`` of one row: symmetric) are formed as at most this many
 #: column strips of their lower triangle (:func:`strip_bounds`), about ``(n + 1) / (2 n)`` of a full product's
 #: work. Elsewhere (CUDA) they are one full product (:func:`gram_strips`): on an H200 the strips made the
-#: one-pass step launch-bound (Qwen3-0.6B, T = 1024: 4.0x a GRPO step against 1.9x with one product;
-#: ``benchmarks/results/gpu/h200_scale``, run ``4_recompute_strips``)
+#: one-pass step launch-bound (Qwen3-0.6B, T = 1024: 4.0x a GRPO step, run ``4_recompute_lora``, against 1.9x
+#: with one product, run ``7_strips1``; ``benchmarks/results/gpu/h200_scale``)
 GRAM_STRIPS = 16
 #: strips per symmetric Gram on every other device type (1: one full product)
 GRAM_STRIPS_OTHER = 1
@@ -430,9 +430,8 @@ def strips_dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
     for x, y in zip(a, b):
         K, w = x.shape[0], x.shape[2]
         whole = torch.linalg.vecdot(x.reshape(K, -1), y.reshape(K, -1))
-        if x.shape[1] == w:  # a square strip is its diagonal block alone (one strip: the whole Gram)
-            total = total + whole
-            continue
+        if len(a) == 1:  # one strip: the whole Gram (other devices, or a short row), each entry once
+            return whole
         diag = torch.linalg.vecdot(x[:, :w].reshape(K, -1), y[:, :w].reshape(K, -1))
         total = total + 2 * whole - diag
     return total
