@@ -345,13 +345,13 @@ class BookKeeper:
         return self._batch
 
     def _assemble(self, grp: Grouping) -> torch.Tensor:
-        parts = []  # each entry's [K] norms
+        total = torch.zeros(grp.K, dtype=torch.float32, device=self._device)
         cache = GramCache()  # q/k/v (and gate/up) share their input: its Gram is computed once
         for e in self._entries:
             if e.contribs:
                 with tf32_products(half_factors(e.contribs)):
-                    parts.append(sq_norm([c.regroup(grp) for c in e.contribs], self.method, cache))
-        return _sum_parts(parts, grp.K, self._device)
+                    total = total + sq_norm([c.regroup(grp) for c in e.contribs], self.method, cache)
+        return total
 
     def sq_norms(self) -> torch.Tensor:
         """w_i = ||s_i||^2 over all trainable parameters. [B] float32."""
@@ -389,15 +389,15 @@ class BookKeeper:
         """
         self._check(coeffs)
         grp = Grouping.from_groups(coeffs.to(self._device), group_ids.to(self._device))
-        parts = []
+        sq = torch.zeros(grp.K, dtype=torch.float32, device=self._device)
         for e in self._entries:
             if not e.contribs:
                 continue
             with tf32_products(half_factors(e.contribs)):
                 e_sq, inc = grouped_sums(e.contribs, grp)
-            parts.append(e_sq)
+            sq = sq + e_sq  # in the entries' order: a stack-sum's other order moved a 2-process FSDP step past 1e-4
             self._give(e.param, inc)
-        return _sum_parts(parts, grp.K, self._device)
+        return sq
 
     def _give(self, p: nn.Parameter, inc: torch.Tensor) -> None:
         """Hand a freshly assembled increment to the sink (the default one keeps it as ``.grad``, uncopied)."""
@@ -417,17 +417,6 @@ class BookKeeper:
     def parameter_names(self) -> list[str]:
         """Names of the trainable parameters (deduplicated by identity) in assembly order."""
         return [e.name for e in self._entries]
-
-
-def _sum_parts(parts: list[torch.Tensor], K: int, device) -> torch.Tensor:
-    """The sum of per-entry [K] float32 norms (zeros when there are none), added in the entries' order. One
-    stack-sum would dispatch fewer operators, but its other order moved a 2-process FSDP step (recompute engine,
-    chunked logits, KL) past its 1e-4 agreement with the one-process step: S is a difference that amplifies
-    the last bits."""
-    total = torch.zeros(K, dtype=torch.float32, device=device)
-    for p in parts:
-        total = total + p
-    return total
 
 
 def checkpointing_modules(model: nn.Module) -> list[str]:
