@@ -110,6 +110,12 @@ M = [
     ("trainer does not pass optim.grad_clip to the schedule", "auto lr with clipping (trainer)",
      "src/oblr/train/trainer.py", "grad_clip=o.grad_clip, **cfg.algorithm.schedule_options)",
      "**cfg.algorithm.schedule_options)", ["tests/train/test_training_variants.py"]),
+    # issue 39: the newest modules (engines, planner, memory model); each caught by its module's own tests
+    # ISSUE39-ENGINES (entries are added above this line)
+    # issue 39: schedules, TRL and verl adapters, task checkers
+    # ISSUE39-ADAPTERS (entries are added above this line)
+    # issue 39: run folders and checkpoints
+    # ISSUE39-RUNFOLDERS (entries are added above this line)
 ]
 
 FIRST = ["tests/core", "tests/train/test_train_signal.py", "tests/train/test_training_variants.py", "tests/gradnorm"]
