@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import re
 import typing
 from dataclasses import dataclass, field
@@ -370,6 +371,21 @@ def range_fields() -> list[tuple[str, Range]]:
             if "range" in f.metadata]
 
 
+# the optional metric sinks of a run: config key of TrainConfig -> the package it needs (oblr's extra of that name)
+SINK_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def sink_problems(train: TrainConfig) -> list[tuple[str, str]]:
+    """``[(key, why)]`` for each optional sink that ``train`` turns on whose package is not installed here;
+    checked with ``importlib.util.find_spec`` (no import), so a refusal costs nothing and ``--help`` stays light."""
+    out = []
+    for name, package in SINK_PACKAGES.items():
+        if getattr(train, name) and importlib.util.find_spec(package) is None:
+            out.append((f"train.{name}", f"needs the '{package}' package, which this environment lacks: "
+                                         f"pip install 'oblr[{package}]' (or leave train.{name}=false)"))
+    return out
+
+
 def validate(cfg: Config) -> None:
     """Value checks that need no model or data: choices, ranges, the options of dict-valued keys, and the
     rules between keys. Raises one ConfigError naming every offending key."""
@@ -412,6 +428,8 @@ def validate(cfg: Config) -> None:
             check_engine(r.engine)  # e.g. vllm without its package: refused here, before a model loads
         except ValueError as e:
             bad("rollout.engine", str(e))
+    for key, why in sink_problems(cfg.train):  # e.g. train.tensorboard without its package: refused before a run
+        bad(key, why)  # folder is made or a model loads
     if valid_choice["algorithm.lr_schedule"]:
         from oblr.schedules import SCHEDULES
 

@@ -44,6 +44,36 @@ def test_unknown_choice_is_one_line_before_any_model_loads(no_model, capsys, tmp
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("key, package", [("train.tensorboard", "tensorboard"), ("train.wandb", "wandb")])
+def test_a_sink_without_its_package_is_one_line_before_the_run_folder(no_model, capsys, monkeypatch, tmp_path,
+                                                                      key, package):
+    """train.tensorboard / train.wandb whose package cannot be found: exit 2, one line naming the key and the
+    install command, no run folder; with the package findable the same command gets past validation."""
+    import importlib.util
+
+    import oblr.train
+
+    real = importlib.util.find_spec
+    installed = {"yes": False}
+
+    def find_spec(name, *a, **k):
+        if name == package:
+            return object() if installed["yes"] else None
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    out = tmp_path / "r"
+    assert main(["train", f"{key}=true", "--output-dir", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"oblr: error: config key '{key}': ")
+    assert f"pip install 'oblr[{package}]'" in err
+    assert not out.exists()
+    installed["yes"] = True
+    seen = []
+    monkeypatch.setattr(oblr.train, "train", lambda cfg, **kw: seen.append(getattr(cfg.train, package)))
+    assert main(["train", f"{key}=true", "--output-dir", str(out), "--quiet"]) == 0 and seen == [True]
+
+
 def test_plugin_registration_is_accepted_without_editing_the_config(no_model, monkeypatch, capsys, plugin_cleanup):
     import oblr.train
 
