@@ -3,10 +3,12 @@
 One code path for real checkpoints and the built-in model: both go through
 ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``
 (:func:`load_model_and_tokenizer`). The built-in model (``"builtin"`` or ``"builtin:tiny-arith"``) is a
-Qwen3-architecture checkpoint in ``$OBLR_CACHE_DIR/models/tiny-arith-v1`` (default ``~/.cache/oblr``),
-built by :func:`oblr.models.builtin.build_builtin_model` (tokenizer: :mod:`oblr.models.tokenizer`) the
-first time it is asked for; the tasks ``countdown`` and ``word_problems`` have their own built-in models
-(``"builtin:tiny-countdown"``, ``"builtin:tiny-words"``, :mod:`oblr.models.task_builtins`). A checkpoint of an FSDP run saved before the run's end holds its weights only
+Qwen3-architecture checkpoint shipped inside the package (:mod:`oblr.models.shipped`: the same bytes on
+every machine, checked against their sha256), made by :func:`oblr.models.builtin.build_builtin_model`
+(tokenizer: :mod:`oblr.models.tokenizer`); the tasks ``countdown`` and ``word_problems`` have their own
+built-in models (``"builtin:tiny-countdown"``, ``"builtin:tiny-words"``, :mod:`oblr.models.task_builtins`).
+With ``OBLR_BUILTIN=build`` they are built on this machine into ``$OBLR_CACHE_DIR/models`` (default
+``~/.cache/oblr``) the first time they are asked for. A checkpoint of an FSDP run saved before the run's end holds its weights only
 as sharded state (``sharded/``): it is loaded in one process from its config and the shards
 (:func:`is_sharded_checkpoint`). Real checkpoints prepared by ``oblr models prepare NAME``
 (:mod:`oblr.models.prepare`) load as ``"prepared:NAME"``. :func:`wrap_lora` adds LoRA adapters (peft); :func:`enable_activation_checkpointing` turns on non-reentrant
@@ -68,11 +70,11 @@ def _looks_local(name: str) -> bool:
 def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, progress=None) -> Path | str:
     """Where ``from_pretrained`` should load from.
 
-    - ``"builtin:tiny-countdown"`` / ``"builtin:tiny-words"`` -> that task's built-in model
-      (:mod:`oblr.models.task_builtins`), built and cached the same way.
-    - ``"builtin"`` / ``"builtin:tiny-arith"`` -> the cached built-in model directory, built on first use
-      (and rebuilt when the cached one is incomplete or from an older recipe) when ``build`` is true;
-      otherwise a missing one raises ``FileNotFoundError``.
+    - ``"builtin"`` / ``"builtin:tiny-arith"`` / ``"builtin:tiny-countdown"`` / ``"builtin:tiny-words"`` -> the
+      shipped folder in the package (:mod:`oblr.models.shipped`, every file checked against its sha256 once
+      per process). With ``OBLR_BUILTIN=build``: the cached build of this machine, built on first use (and
+      rebuilt when the cached one is incomplete or from an older recipe) when ``build`` is true; otherwise a
+      missing one raises ``FileNotFoundError``.
     - ``"prepared:NAME"`` (or a bare ``NAME`` of :data:`oblr.models.prepare.PREPARABLE` when no local path of
       that name exists) -> the folder ``oblr models prepare NAME`` wrote; not prepared: ``FileNotFoundError``
       naming that command.
@@ -89,7 +91,12 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, p
     from oblr.models.task_builtins import spec_of
 
     spec = spec_of(name)
-    if spec is not None:  # a task's built-in model (builtin:tiny-countdown, builtin:tiny-words)
+    if spec is not None or is_builtin(name):
+        from oblr.models.shipped import source, verified_dir
+
+        if source() == "shipped":  # the bytes in the package, the same on every machine
+            return verified_dir(spec.dirname if spec is not None else BUILTIN_DIRNAME)
+    if spec is not None:  # a task's built-in model (builtin:tiny-countdown, builtin:tiny-words), built here
         return _resolve_task_model(spec, build=build, progress=progress)
     if is_builtin(name):
         path = builtin_model_dir()
@@ -196,6 +203,11 @@ def ensure_builtin_built(name: str, *, distributed: bool, local_rank: int, rank:
     from oblr.models.task_builtins import is_current, spec_of
 
     spec = spec_of(name)
+    if spec is not None or is_builtin(name):
+        from oblr.models.shipped import source
+
+        if source() == "shipped":  # nothing to build: the package holds it
+            return
     if spec is not None:
         path, what = task_model_dir(spec), name
         ready = lambda: is_current(path, spec)  # noqa: E731
