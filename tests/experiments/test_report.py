@@ -297,3 +297,70 @@ def test_report_writes_beside_the_runs_by_default_and_says_where(tmp_path, capsy
     assert main(["report", str(dirs[1]), "--out", str(tmp_path / "mine"), "--no-run-plots"]) == 0
     assert (tmp_path / "mine" / "comparison.csv").is_file()
     assert f"report written to {tmp_path / 'mine'}" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------- rows of one setting only
+def test_split_by_settings_keeps_differing_runs_apart_and_names_the_keys():
+    from oblr.experiments.stats import split_by_settings
+
+    labels = {"a0": "m", "a1": "m", "b": "m", "c": "m", "x": "other", "y": "other", "u": "lone"}
+    settings = {"a0": {"steps": 200, "lr": 1e-3}, "a1": {"steps": 200, "lr": 1e-3},
+                "b": {"steps": 10, "lr": 1e-3}, "c": {"steps": 3, "lr": 1e-3, "extra": {"k": 1}},
+                "x": {"steps": 5}, "y": {"steps": 5}, "u": None}
+    rows, differ = split_by_settings(labels, settings)
+    assert differ == {"m": ["extra", "steps"]}  # "lr" is shared; a key only one run has counts as differing
+    assert rows == {"a0": "m [extra=<unset>, steps=200]", "a1": "m [extra=<unset>, steps=200]",
+                    "b": "m [extra=<unset>, steps=10]", "c": 'm [extra={"k": 1}, steps=3]',
+                    "x": "other", "y": "other", "u": "lone"}
+    rows, differ = split_by_settings({"p": "m", "q": "m"}, {"p": {"steps": 1}, "q": None})
+    assert differ == {"m": ["config.yaml"]} and rows == {"p": "m", "q": "m [no config.yaml]"}
+
+
+def _with_train(run_dir, **train):
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg["train"] = {**cfg.get("train", {}), **train}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+
+def test_report_gives_runs_of_other_settings_their_own_row(tmp_path):
+    from oblr.experiments.report import build_report
+
+    root = tmp_path / "runs"
+    spec = [("s0", 0, 200, 1), ("s1", 1, 200, 2), ("short", 2, 10, 1), ("tiny", 3, 3, 1)]
+    truths = {}
+    for name, seed, steps, threads in spec:
+        truths[name] = make_run(root / name, seed=seed, steps=10)
+        # the seed, the output folder and train.threads differ between s0 and s1: still one setting
+        _with_train(root / name, steps=steps, seed=seed, output_dir=str(root / name), threads=threads)
+    logged = []
+    res = build_report([root], tmp_path / "rep", run_plots=False, log=logged.append)
+    groups = {g["group"]: g for g in res["groups"]}
+    assert set(groups) == {"oblr+snr [train.steps=200]", "oblr+snr [train.steps=10]", "oblr+snr [train.steps=3]"}
+    both = groups["oblr+snr [train.steps=200]"]
+    finals = [truths[n]["acc"][-1] for n in ("s0", "s1")]
+    assert both["runs"] == 2 and both["final_acc_mean"] == pytest.approx(sum(finals) / 2)
+    assert both["final_acc_std"] == pytest.approx(abs(finals[0] - finals[1]) / math.sqrt(2))
+    assert groups["oblr+snr [train.steps=3]"]["final_acc_mean"] == pytest.approx(truths["tiny"]["acc"][-1])
+    note = "oblr+snr: its 4 runs differ in train.steps (kept in 3 rows, one per setting)"
+    assert [m for m in logged if "differ" in m] == [f"[report] {note}"]
+    assert f"- {note}\n" in (tmp_path / "rep" / "comparison.md").read_text()
+    # a grouping asked for is kept (one row of 4), and the difference still said
+    logged.clear()
+    res = build_report([root], tmp_path / "rep2", run_plots=False, log=logged.append, group_by="algorithm.baseline")
+    assert [(g["group"], g["runs"]) for g in res["groups"]] == [("algorithm.baseline=oblr", 4)]
+    assert "[report] algorithm.baseline=oblr: its 4 runs differ in train.steps (pooled into one row by the " \
+           "grouping asked for)" in logged
+
+
+def test_report_of_runs_of_one_setting_is_unchanged(tmp_path):
+    """Seeds of one setting share a row under their plain label and nothing is said about settings."""
+    from oblr.experiments.report import build_report
+
+    for seed in (0, 1):
+        make_run(tmp_path / "runs" / f"seed{seed}", seed=seed, steps=10)
+        _with_train(tmp_path / "runs" / f"seed{seed}", steps=10, seed=seed)
+    logged = []
+    res = build_report([tmp_path / "runs"], tmp_path / "rep", run_plots=False, log=logged.append)
+    assert [(g["group"], g["runs"]) for g in res["groups"]] == [("oblr+snr", 2)]
+    assert not [m for m in logged if "differ" in m]
+    assert "differ in settings" not in (tmp_path / "rep" / "comparison.md").read_text()

@@ -2,7 +2,10 @@
 
 - :func:`plot_run` -- PNG figures of one run into ``run_dir/plots/`` (the trainer calls it at the end);
 - :func:`find_run_dirs`, :func:`variant_label`, :func:`build_report` -- per-run plots plus the comparison
-  of :func:`oblr.experiments.compare.compare_runs` (tables and seed bands) from run folders alone.
+  of :func:`oblr.experiments.compare.compare_runs` (tables and seed bands) from run folders alone. A row
+  averages runs of one setting only: runs of one label whose settings (:func:`run_settings`: config.yaml
+  with the defaults of keys it lacks, less the seed, the output folder and the keys that do not change a
+  run's numbers) differ get a row each, and the keys that differ are said (one line per label).
 
 Every figure is computed from the metric file; a key that a run did not log is skipped, never an error.
 Per-run statistics are :func:`oblr.experiments.compare.run_stats`, built on :mod:`oblr.experiments.stats`.
@@ -16,11 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-from oblr.experiments.grid import GRID_FILE
-from oblr.experiments.stats import load_run, run_label, series
+from oblr.experiments.grid import GRID_FILE, IGNORED_FOR_MATCH
+from oblr.experiments.stats import load_run, run_config, run_label, series, split_by_settings
 from oblr.tracking.plots import PALETTE, Panel, log_scale_ok, new_figure, prepare_log, save_png
 
-__all__ = ["RUN_PLOTS", "build_report", "default_report_dir", "find_run_dirs", "plot_run", "variant_label"]
+__all__ = ["RUN_PLOTS", "SETTINGS_IGNORED", "build_report", "default_report_dir", "find_run_dirs", "plot_run",
+           "run_settings", "variant_label"]
+
+# keys left out when runs are matched by their settings: the seed (what a row averages over), the output
+# folder and the keys that do not change a run's numbers (as when oblr compare reuses a run)
+SETTINGS_IGNORED = IGNORED_FOR_MATCH | {"train.seed", "seed"}
 
 # name -> (title, panels). Keys follow docs/architecture.md.
 RUN_PLOTS: dict[str, tuple[str, tuple[Panel, ...]]] = {
@@ -146,21 +154,52 @@ def variant_label(run_dir: str | Path) -> str:
     return run_label(d, with_seed=False)
 
 
+def run_settings(run_dir: str | Path) -> dict | None:
+    """What a run was asked to do, for matching runs: its config.yaml flattened to dotted keys, keys it lacks
+    at their defaults (a run from before a key existed matches one that leaves it at its default), without
+    :data:`SETTINGS_IGNORED`; None when the run has no config.yaml."""
+    from oblr.config import Config
+    from oblr.train.run_dir import flatten
+
+    if not (Path(run_dir) / "config.yaml").is_file():
+        return None
+    flat = {**flatten(Config().to_dict()), **flatten(run_config(run_dir))}
+    return {k: v for k, v in flat.items() if k not in SETTINGS_IGNORED}
+
+
 def build_report(paths: list[str | Path], out_dir: str | Path, *, run_plots: bool = True, log=print,
                  **compare_kw) -> dict:
-    """The comparison (:func:`oblr.experiments.compare.compare_runs`, grouped by :func:`variant_label` unless
-    ``group_by`` is given) and then per-run plots (:func:`plot_run`) from run folders alone. The comparison
-    comes first, so that a bad option (an accuracy key no run logged) is refused before any plot is drawn;
-    the last line logged names the folder written."""
-    from oblr.experiments.compare import compare_runs
+    """The comparison (:func:`oblr.experiments.compare.compare_runs`) and then per-run plots (:func:`plot_run`)
+    from run folders alone. Rows: by :func:`variant_label`, and runs of one label whose :func:`run_settings`
+    differ in separate rows (:func:`oblr.experiments.stats.split_by_settings`); with ``group_by`` given, its
+    rows as asked. Either way one line per row label whose runs differ names the keys that differ (logged and
+    added to comparison.md). The comparison comes first, so that a bad option (an accuracy key no run
+    logged) is refused before any plot is drawn; the last line logged names the folder written."""
+    from oblr.experiments.compare import _grouper, compare_runs
 
     dirs = find_run_dirs(paths)
     unfinished = [d for d in dirs if not (d / "summary.json").is_file()]
     if unfinished:
         log(f"[report] {len(unfinished)} run(s) without summary.json (unfinished; included as far as they got): "
             + ", ".join(map(str, unfinished)))
-    compare_kw.setdefault("group_by", variant_label)
+    pooled = "group_by" in compare_kw  # the caller's grouping is kept, differences only said
+    label_of = _grouper(compare_kw.get("group_by", variant_label))
+    rows, differ = split_by_settings({d: label_of(d) for d in dirs}, {d: run_settings(d) for d in dirs})
+    if not pooled:
+        compare_kw["group_by"] = lambda d: rows[Path(d)]
     res = compare_runs(dirs, out_dir, **compare_kw)
+    notes = []
+    for label, keys in sorted(differ.items()):
+        n = sum(1 for d in dirs if label_of(d) == label)
+        what = ("pooled into one row by the grouping asked for" if pooled else
+                f"kept in {len({rows[d] for d in dirs if label_of(d) == label})} rows, one per setting")
+        notes.append(f"{label}: its {n} runs differ in {', '.join(keys)} ({what})")
+    for note in notes:
+        log(f"[report] {note}")
+    if notes:
+        with open(Path(out_dir) / "comparison.md", "a", encoding="utf-8") as f:
+            f.write("\nRuns that differ in settings (the seed, output folder and logging keys aside):\n\n"
+                    + "".join(f"- {note}\n" for note in notes))
     if run_plots:
         for d in dirs:
             plot_run(d)

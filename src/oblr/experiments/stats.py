@@ -37,6 +37,7 @@ __all__ = [
     "run_label",
     "series",
     "spike_count",
+    "split_by_settings",
     "steps_to_target",
 ]
 
@@ -188,3 +189,51 @@ def run_label(run_dir: str | os.PathLike, *, with_seed: bool = True) -> str:
         return name if with_seed else (_SEED_SUFFIX.sub("", name) or name)
     label = str(label)
     return f"{label} seed={seed}" if with_seed and seed is not None else label
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def split_by_settings(labels: dict, settings: dict) -> tuple[dict, dict[str, list[str]]]:
+    """Keep runs that share a row label but differ in settings in separate rows.
+
+    ``labels``: run -> row label; ``settings``: run -> flat ``{dotted key: value}`` of what the run was asked to
+    do (the seed and output paths left out), or None when unknown (no config.yaml). Returns ``(rows, differ)``:
+    ``rows`` maps each run to its row label -- the label itself where all runs of the label share their
+    settings, else ``"<label> [k=v, ...]"`` over the keys that differ (a key a run lacks counts as a value of
+    its own; ``[no config.yaml]`` for runs of unknown settings) -- and ``differ`` maps each label whose runs
+    differ to those keys, sorted (``"config.yaml"`` among them when only some runs have one).
+    """
+    missing = "<unset>"
+    by_label: dict[str, list] = {}
+    for run, label in labels.items():
+        by_label.setdefault(label, []).append(run)
+    rows, differ = {}, {}
+    for label, runs in by_label.items():
+        known = [r for r in runs if settings.get(r) is not None]
+        keys = sorted({k for r in known for k in settings[r]})
+        keys = [k for k in keys if len({_canon(settings[r].get(k, missing)) for r in known}) > 1]
+        unknown = len(known) < len(runs)
+        if not keys and not (unknown and known):
+            rows.update((r, label) for r in runs)
+            continue
+        differ[label] = sorted([*keys, *(["config.yaml"] if unknown and known else [])])
+        used: dict[str, str] = {}  # row label -> the settings it stands for (two settings never share a label)
+        for r in runs:
+            if settings.get(r) is None:
+                fingerprint, name = "", f"{label} [no config.yaml]"
+            else:
+                values = [(k, settings[r].get(k, missing)) for k in keys]
+                fingerprint = _canon(values)
+                name = f"{label} [" + ", ".join(f"{k}={_short_value(v)}" for k, v in values) + "]" if keys else label
+            base, i = name, 2
+            while used.setdefault(name, fingerprint) != fingerprint:
+                name, i = f"{base} #{i}", i + 1
+            rows[r] = name
+    return rows, differ
+
+
+def _short_value(value: Any, limit: int = 40) -> str:
+    text = value if isinstance(value, str) else _canon(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
