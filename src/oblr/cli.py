@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from oblr import __version__
@@ -79,6 +80,36 @@ def _cmd_tasks(args) -> int:
     return 0
 
 
+_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`<]*?)\s*(?:<[^`>]*>)?`")  # :func:`~a.b`, :ref:`text <target>`
+_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
+
+
+def plain_text(text: str | None) -> str | None:
+    """reStructuredText of a docstring as plain text for ``--help``: ``:func:`x.y``` -> ``x.y`` (``~x.y`` ->
+    ``y``), double-backquoted literals -> their text."""
+    if not text:
+        return text
+
+    def role(m: re.Match) -> str:
+        target = m.group(2)
+        return target.rsplit(".", 1)[-1] if m.group(1) else target
+
+    return _LITERAL.sub(r"\1", _ROLE.sub(role, text))
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    """:func:`plain_text` on the description, epilog and every help line of ``parser`` and its subcommands."""
+    parser.description, parser.epilog = plain_text(parser.description), plain_text(parser.epilog)
+    for action in parser._actions:
+        if action.help not in (None, argparse.SUPPRESS):
+            action.help = plain_text(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:  # the one-line help of each subcommand
+                choice.help = plain_text(choice.help)
+            for sub in set(action.choices.values()):
+                _plain_help(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oblr", description="OBLR-PO: RL post-training of LLMs with verifiable "
                                      "rewards: a gradient-weighted leave-one-out baseline from exact per-sequence "
@@ -95,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         mod.register_cli(sub)
     _tasks_parser(sub)
+    _plain_help(parser)  # subcommands take docstrings as descriptions: no reST markup in --help
     return parser
 
 

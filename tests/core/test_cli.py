@@ -219,3 +219,38 @@ def test_python_m_oblr_is_the_cli(tmp_path):
     r = subprocess.run([sys.executable, "-m", "oblr", "train", "optim.lr=inf"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and r.stderr == "oblr: error: config key 'optim.lr': must be in (0, 1e6], got inf\n"
+
+
+def _commands(parser, prefix=()):
+    """Every command line ``[cmd, subcmd, ...]`` of ``parser``'s subcommands, nested ones included."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield [*prefix, name]
+                yield from _commands(sub, (*prefix, name))
+
+
+def test_no_help_text_shows_rest_markup(capsys):
+    """`oblr <cmd> --help` for every subcommand (and `oblr --help`): plain text, no reST roles or literals."""
+    from oblr.cli import build_parser
+
+    commands = list(_commands(build_parser()))
+    assert {"train", "eval", "compare", "report", "proxy-study", "models", "tasks"} <= {c[0] for c in commands}
+    for argv in [[], *commands]:
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--help"])
+        text = capsys.readouterr().out
+        assert e.value.code == 0 and text.startswith("usage: oblr"), argv
+        for markup in ("``", ":func:", ":mod:", ":class:", ":meth:", ":data:"):
+            assert markup not in text, (argv, markup)
+
+
+def test_plain_text_of_rest():
+    from oblr.cli import plain_text
+
+    assert plain_text("see :func:`oblr.rollout.generate` and :class:`~oblr.train.Trainer`, ``n`` samples "
+                      "(:mod:`oblr.grading`, :py:meth:`a.b`, :ref:`the guide <guide>`)") == (
+        "see oblr.rollout.generate and Trainer, n samples (oblr.grading, a.b, the guide)")
+    assert plain_text(None) is None and plain_text("no markup: `oblr tasks`") == "no markup: `oblr tasks`"
