@@ -134,3 +134,51 @@ def test_ema_with_a_known_signal_tends_to_the_true_factor():
     true = 0.25 / (0.25 + 64 / 16)  # S / (S + V/N) = 0.0588
     got = _late_mean_factor(0.25, 0.99)
     assert abs(got - true) < 0.012, (got, true)  # clamp-then-average gave 0.10
+
+
+def test_cosine_with_warmup_decays_over_the_steps_after_it():
+    """lr_t = min(1, (t+1)/W) * (eta_min + (lr - eta_min)(1 + cos(pi p))/2) with p = (t - W)/(T - W) after the
+    warm-up, written out: W = 3, T = 8, lr 1, eta_min 0.1."""
+    ctl = make_lr_controller("cosine", _opt(), lr=1.0, eta_min=0.1, warmup_steps=3, total_steps=8)
+    lrs = []
+    for _ in range(10):
+        ctl.step()
+        lrs.append(ctl.get_last_lr()[0])
+    want = [1 / 3, 2 / 3, 1.0] + [0.1 + 0.45 * (1 + math.cos(math.pi * k / 5)) for k in range(6)] + [0.1]
+    assert lrs == pytest.approx(want, rel=1e-12)
+    assert lrs[3] == pytest.approx(1.0) and lrs[8] == pytest.approx(0.1)  # full lr after the warm-up, eta_min at T
+
+
+def _snr_by_hand(rows, *, eta_max, eta_min, warmup, ema, floor_first=True):
+    """lr_k = min(1, k/W) * max(eta_min, eta_max S/(S + V/n)) at the k-th step, S and V the bias-corrected EMAs
+    of the unclamped signal and V, clamped after averaging (docs/algorithm.md; no oblr code)."""
+    s_avg = v_avg = 0.0
+    out = []
+    for k, (signal, V, n) in enumerate(rows, start=1):
+        s_avg, v_avg = ema * s_avg + (1 - ema) * signal, ema * v_avg + (1 - ema) * V
+        S, Vs = max(s_avg / (1 - ema**k), 0.0), max(v_avg / (1 - ema**k), 0.0)
+        f = S / (S + Vs / n) if S + Vs / n > 0 else 0.0
+        warm = min(1.0, k / warmup)
+        out.append(warm * max(eta_min, eta_max * f) if floor_first else max(eta_min, warm * eta_max * f))
+    return out
+
+
+def test_snr_schedule_with_warmup_and_a_binding_floor_by_hand():
+    """The snr schedule with EMA 0.5, a 4-step warm-up and eta_min 0.05: a negative signal on step 2 puts the
+    factor under the floor inside the warm-up (lr = (2/4) eta_min), a large one lifts it above; every lr equals
+    the hand computation, and the floor applied after the warm-up would move the warm-up's lrs."""
+    from oblr.snr import SNRStats
+
+    rows = [(0.4, 1.0, 4), (-0.5, 1.2, 4), (0.05, 0.8, 4), (2.0, 1.0, 4), (-0.2, 3.0, 4), (1.5, 0.5, 4)]
+    ctl = make_lr_controller("snr", _opt(), lr=0.5, eta_min=0.05, warmup_steps=4, ema=0.5)
+    got = []
+    for signal, V, n in rows:
+        s, v = torch.tensor(signal, dtype=torch.float64), torch.tensor(V, dtype=torch.float64)
+        ctl.step(SNRStats(S=s.clamp(min=0), V=v, snr=s.clamp(min=0) / v, signal=s, n=n))
+        got.append(ctl.get_last_lr()[0])
+    want = _snr_by_hand(rows, eta_max=0.5, eta_min=0.05, warmup=4, ema=0.5)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert got[1] == pytest.approx(0.5 * 0.05)  # floor binding inside the warm-up
+    assert got[0] > 0.25 * 0.05 and got[3] > 0.05  # above it elsewhere
+    other = _snr_by_hand(rows, eta_max=0.5, eta_min=0.05, warmup=4, ema=0.5, floor_first=False)
+    assert abs(other[1] / want[1] - 1) > 0.5

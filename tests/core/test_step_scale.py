@@ -383,3 +383,118 @@ def test_clip_factor_kappa_matches_its_definition_and_sets_the_lr_with_clipping_
     assert ctl.get_last_lr()[0] == pytest.approx(want, rel=1e-9)
     for wrong_c in (1.0, clip / float(g0 @ g0)):  # clipping ignored; c from |g|^2
         assert abs(_secant_lr(g0, g1, delta, lr, -lr * wrong_c * V / n)[0] / want - 1) > 0.05
+
+
+# --- warm-up and a binding floor: the lr the schedule applies is warm(t) * max(eta_min, lr) ---
+
+def _auto_sgd_by_hand(H, theta0, noise, V, n, *, lr0, eta_min, warmup, mc=1e9, floor_first=True, measure_at="applied"):
+    """The ``auto`` lrs of an SGD run on ``f = theta^T H theta / 2`` (gradients ``H theta + noise[t]``), written
+    from docs/algorithm.md with ``scale_ema = 0``, ``confidence = 0``, ``probe = 1`` (no code of oblr.step_scale):
+    the step-t lr is ``min(1, (t+1)/W) * max(eta_min, lr_t)``; from the second step ``lr_t`` is
+    ``clamp(d/h, lr_{t-1}/mc, lr_{t-1} mc)`` with ``d = A/eta``, ``h = (A + B)/eta^2``,
+    ``A = -<g_{t-1}, delta> - eta V/N``, ``B = <g_t, delta>`` and ``eta`` the lr the last step APPLIED.
+    ``floor_first=False`` / ``measure_at="internal"`` give the wrong conventions (floor after the warm-up; the
+    step measured at the unwarmed, unfloored lr) for the regime checks. Returns (lrs, internal lrs, (d, h))."""
+    theta, internal = theta0.clone(), lr0
+    lrs, internals, dh, prev = [], [], [], None
+    for t, xi in enumerate(noise):
+        g = H @ theta + xi
+        if prev is not None:
+            g_prev, delta, eta = prev
+            A = -float(g_prev @ delta) - eta * V / n
+            B = float(g @ delta)
+            d, h = A / eta, (A + B) / eta**2
+            assert d > 0 and h > 0  # d/h itself (no keep/grow rule)
+            dh.append((d, h))
+            internal = min(max(d / h, internal / mc), internal * mc)
+        warm = min(1.0, (t + 1) / warmup)
+        applied = warm * max(eta_min, internal) if floor_first else max(eta_min, warm * internal)
+        lrs.append(applied)
+        internals.append(internal)
+        delta = -applied * g
+        prev = (g, delta, applied if measure_at == "applied" else internal)
+        theta = theta + delta
+    return lrs, internals, dh
+
+
+_WARM = dict(H=torch.diag(torch.tensor([2.0, 4.0, 8.0, 1.0], dtype=torch.float64)),
+             theta0=torch.tensor([1.0, -1.0, 0.5, 2.0], dtype=torch.float64), V=0.02, n=4, lr0=1.0, eta_min=0.2,
+             warmup=4)
+
+
+def _warm_noise(T: int = 8):
+    gen = torch.Generator().manual_seed(0)
+    return [0.05 * torch.randn(4, generator=gen, dtype=torch.float64) for _ in range(T)]
+
+
+def _drive_auto(p, opt, ctl, noise, ts, H, V, n):
+    out = []
+    for t in ts:
+        p.grad = H @ p.detach() + noise[t]
+        ctl.step(_stats(V, n))
+        out.append(ctl.get_last_lr()[0])
+        opt.step()
+    return out
+
+
+def test_auto_with_warmup_and_a_binding_floor_matches_the_formulas_by_hand():
+    """SGD on a noisy quadratic, warm-up over 4 steps and eta_min = 0.2: every lr equals the hand recurrence
+    (d/h measured at the lr the last step applied, floored, then warmed up). The regime is asserted: measured
+    steps inside the warm-up, the floor binding inside the warm-up (step 2) and after it (steps 6, 7), d/h
+    above the floor elsewhere; the floor applied after the warm-up, or the step measured at the unwarmed lr,
+    moves the lrs far beyond the tolerance."""
+    c = _WARM
+    noise = _warm_noise()
+    want, internal, _ = _auto_sgd_by_hand(c["H"], c["theta0"], noise, c["V"], c["n"], lr0=c["lr0"],
+                                          eta_min=c["eta_min"], warmup=c["warmup"])
+    p = torch.nn.Parameter(c["theta0"].clone())
+    opt = torch.optim.SGD([p], lr=c["lr0"])
+    ctl = make_lr_controller("auto", opt, lr=c["lr0"], eta_min=c["eta_min"], warmup_steps=c["warmup"], scale_ema=0.0,
+                             max_change=1e9, probe=1.0, confidence=0.0)
+    got = _drive_auto(p, opt, ctl, noise, range(len(noise)), c["H"], c["V"], c["n"])
+    assert got == pytest.approx(want, rel=1e-9)
+    assert got[0] == pytest.approx(0.25 * c["lr0"])  # the first step: warm(0) = 1/4 of the guess
+    # the regime: floor binding during the warm-up and after it, d/h above it on other measured steps
+    floored = [t for t in range(1, len(want)) if internal[t] < c["eta_min"]]
+    assert 2 in floored and {6, 7} <= set(floored) and floored != list(range(1, len(want)))
+    assert got[2] == pytest.approx(0.75 * c["eta_min"]) and got[6] == pytest.approx(c["eta_min"])
+    for wrong in (dict(floor_first=False), dict(measure_at="internal")):
+        other, _, _ = _auto_sgd_by_hand(c["H"], c["theta0"], noise, c["V"], c["n"], lr0=c["lr0"], eta_min=c["eta_min"],
+                                        warmup=c["warmup"], **wrong)
+        assert max(abs(a / b - 1) for a, b in zip(other, want)) > 0.05, wrong
+
+
+def test_auto_state_round_trip_inside_the_warmup_continues_the_same_lrs():
+    """Saved after 2 steps of a 4-step warm-up (the floor binds at the next step), restored into a fresh controller:
+    the next lrs are the uninterrupted run's, warm-up factor included; a state without its step count restarts
+    the warm-up and sets other lrs."""
+    c = _WARM
+    noise = _warm_noise()
+
+    def fresh(theta, opt_state=None):
+        q = torch.nn.Parameter(theta.clone())
+        o = torch.optim.SGD([q], lr=123.0)
+        if opt_state is not None:
+            o.load_state_dict(copy.deepcopy(opt_state))
+        return q, o, make_lr_controller("auto", o, lr=7.0, eta_min=c["eta_min"], warmup_steps=c["warmup"])
+
+    p = torch.nn.Parameter(c["theta0"].clone())
+    opt = torch.optim.SGD([p], lr=c["lr0"])
+    ctl = make_lr_controller("auto", opt, lr=c["lr0"], eta_min=c["eta_min"], warmup_steps=c["warmup"], scale_ema=0.0,
+                             max_change=1e9, probe=1.0, confidence=0.0)
+    _drive_auto(p, opt, ctl, noise, range(2), c["H"], c["V"], c["n"])
+    state, lr_at_save = copy.deepcopy(ctl.state_dict()), ctl.get_last_lr()[0]
+    theta, opt_state = p.detach().clone(), copy.deepcopy(opt.state_dict())
+    straight = _drive_auto(p, opt, ctl, noise, range(2, 8), c["H"], c["V"], c["n"])
+    want, _, _ = _auto_sgd_by_hand(c["H"], c["theta0"], noise, c["V"], c["n"], lr0=c["lr0"], eta_min=c["eta_min"],
+                                   warmup=c["warmup"])
+    assert straight == pytest.approx(want[2:], rel=1e-9)
+    assert straight[0] == pytest.approx(0.75 * c["eta_min"])  # warming up, at the floor
+    q, o, ctl2 = fresh(theta, opt_state)
+    ctl2.load_state_dict(copy.deepcopy(state))
+    assert o.param_groups[0]["lr"] == lr_at_save
+    assert _drive_auto(q, o, ctl2, noise, range(2, 8), c["H"], c["V"], c["n"]) == straight
+    q, o, ctl3 = fresh(theta, opt_state)
+    ctl3.load_state_dict({**copy.deepcopy(state), "t": 0})  # the step count lost: the warm-up restarts
+    other = _drive_auto(q, o, ctl3, noise, range(2, 8), c["H"], c["V"], c["n"])
+    assert abs(other[0] / straight[0] - 1) > 0.05
