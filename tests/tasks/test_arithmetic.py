@@ -214,3 +214,88 @@ def test_chat_template_prompts_and_free_form_reward():
 def test_chat_template_option_is_checked():
     with pytest.raises(ValueError, match="style"):
         get_task("arithmetic", n_train=5, n_eval=5, style="fancy")
+
+
+# --- answers in legal but unusual forms, and answer keys recomputed from the prompt text ---
+
+@pytest.mark.parametrize("text,expected", [
+    ("#### +58", 58),                 # an explicit plus sign
+    ("#### -0", 0),
+    ("#### 0058", 58),                # leading zeros
+    ("#### +007", 7),
+    ("####58", 58),                   # no space after the marker
+    ("####   58", 58),                # several spaces
+    ("####\t58", 58),                 # a tab
+    ("#### \t 58", 58),
+    ("#### 58   ", 58),               # trailing spaces
+    ("#### 58\n\n \t\n", 58),         # trailing blank lines
+    ("work 1+2=3\n#### 58\n", 58),
+    ("#### + 58", None),              # a sign must touch its digits
+    ("#### 5 8", None),
+    ("####\n58", None),               # the number must be on the marker's line
+    ("#### 58 #", None),
+])
+def test_parse_final_answer_unusual_forms(text, expected):
+    assert parse_final_answer(text) == expected
+
+
+def test_reward_accepts_signs_zeros_and_whitespace_of_the_right_value():
+    t = arithmetic_task(seed=0, n_train=0, n_eval=40)
+    for ex in t.eval:
+        v = int(ex.answer)
+        for response in (f" #### +{v}", f" ####0{v}", f"####\t{v}  \n", f" 1+1=2 ####   {v}\n\n"):
+            assert t.reward(response, ex) == 1.0, response
+        for response in (f" #### +{v + 1}", f" #### 0{v + 1}", f"####\t{v}1", f" #### -{v + 1}"):
+            assert t.reward(response, ex) == 0.0, response
+
+
+def _eval_prompt_expression(text: str) -> int:
+    """A second evaluator (precedence climbing over the characters, written for this test; no ast): integers,
+    + - * and parentheses, * binding tighter, left-associative."""
+    pos = 0
+
+    def peek():
+        return text[pos] if pos < len(text) else ""
+
+    def atom() -> int:
+        nonlocal pos
+        if peek() == "(":
+            pos += 1
+            v = expr(0)
+            assert peek() == ")", text
+            pos += 1
+            return v
+        start = pos
+        while peek().isdigit():
+            pos += 1
+        assert pos > start, (text, pos)
+        return int(text[start:pos])
+
+    def expr(min_prec: int) -> int:
+        nonlocal pos
+        lhs = atom()
+        while peek() in ("+", "-", "*") and peek() != "" and {"+": 1, "-": 1, "*": 2}[peek()] >= min_prec:
+            op = peek()
+            pos += 1
+            rhs = expr({"+": 1, "-": 1, "*": 2}[op] + 1)
+            lhs = lhs + rhs if op == "+" else lhs - rhs if op == "-" else lhs * rhs
+        return lhs
+
+    v = expr(0)
+    assert pos == len(text), text
+    return v
+
+
+@pytest.mark.parametrize("difficulty", list(DIFFICULTIES))
+def test_answer_keys_recomputed_from_the_prompt_text(difficulty):
+    """The prompt's expression (read back from the prompt, not from meta) evaluated by a second evaluator
+    equals the stored answer, for a few hundred examples of each difficulty; the reward accepts exactly it."""
+    t = arithmetic_task(seed=5, n_train=200, n_eval=100, difficulty=difficulty)
+    for ex in t.train + t.eval:
+        m = re.fullmatch(r"Q: ([0-9+\-*()]+)\nA:", ex.prompt)
+        assert m, ex.prompt
+        v = _eval_prompt_expression(m[1])
+        assert ex.answer == str(v)
+        assert t.reward(f" #### {v}", ex) == 1.0 and t.reward(f" #### {v - 1}", ex) == 0.0
+    assert _eval_prompt_expression("2-3-4") == -5 and _eval_prompt_expression("2+3*4") == 14  # the evaluator itself
+    assert _eval_prompt_expression("(2+3)*4-(1-2)") == 21

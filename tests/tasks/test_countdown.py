@@ -279,3 +279,99 @@ def test_fuzz_never_raises_and_stays_in_bounds():
     assert check_expression("(" * 10**5 + "3" + ")" * 10**5, NUMS, 3) == (False, f"expression longer than {MAX_CHARS} characters")
     assert not check_expression("9" * 10**6, [9], 9)[0]
     assert check_expression("*".join(["999999"] * 3), [999999] * 3, 999999**3)[0] is False  # beyond MAX_ABS
+
+
+# --- legal but unusual expressions, and answer keys recomputed from the prompt text ---
+
+@pytest.mark.parametrize("expr,numbers,value", [
+    ("((((3))+((5))))*(7)", [3, 5, 7], 56),            # redundant nesting around literals and sums
+    ("(3*(5+(7-(2))))", [2, 3, 5, 7], 30),             # right-nested chain
+    (" 3 *  ( 5+7 )   ", [3, 5, 7], 36),               # spaces anywhere
+    ("12/4+5", [12, 4, 5], 8),                         # a division giving an integer
+    ("(7+5)/4*3", [3, 4, 5, 7], 9),                    # an integer quotient inside a product
+    ("3-7+12", [3, 7, 12], 8),                         # a negative intermediate value
+    ("8/(3-1/3)", [8, 3, 1, 3], 3),                    # a fraction inside, an integer at the end: 8/(8/3)
+    ("5+5+5", [5, 5, 5, 2], 15),                       # a number given three times, used three times
+    ("2-3-4", [2, 3, 4], -5),                          # left-associative minus (2-(3-4) would be 3)
+    ("24/4/2", [24, 4, 2], 3),                         # left-associative division (24/(4/2) would be 12)
+])
+def test_unusual_but_legal_expressions_are_accepted_with_their_value(expr, numbers, value):
+    """Values worked out by hand in the comments; each number used at most as often as given."""
+    assert check_expression(expr, numbers, value) == (True, "ok")
+    assert check_expression(expr, numbers, value + 1) == (False, f"wrong value {Fraction(value)}")
+
+
+def test_parentheses_counted_per_nesting_not_per_pair():
+    """Sibling groups do not add up to a depth: 20 parenthesised ones in a row, and two groups each nested
+    exactly MAX_DEPTH deep, are legal; one level more in either group is refused."""
+    ones = "+".join(["(1)"] * 20)
+    assert check_expression(ones, [1] * 20, 20) == (True, "ok")
+    deep = "(" * MAX_DEPTH + "3" + ")" * MAX_DEPTH
+    assert check_expression(f"{deep}+{deep}", [3, 3], 6) == (True, "ok")
+    deeper = "(" * (MAX_DEPTH + 1) + "3" + ")" * (MAX_DEPTH + 1)
+    ok, why = check_expression(f"{deep}+{deeper}", [3, 3], 6)
+    assert not ok and "nested deeper" in why
+
+
+def test_reward_reads_the_unusual_forms_through_extraction():
+    from oblr.tasks.countdown import make_example
+
+    task = get_task("countdown", n_train=0, n_eval=1)
+    ex = make_example([12, 4, 5], 8, "12/4+5")
+    assert ex.answer == "8"
+    for response in (" (12/4)+5", "let me try\n 12 / 4 + 5 \t\n", "#### ((12)/(4))+(5)", "12*4\n#### 5+12/4"):
+        assert task.reward(response, ex) == 1.0, response
+    for response in (" 12/4+5+4", " -4+12", " 12/4*5", " 5+12/4\n#### 12/4"):
+        assert task.reward(response, ex) == 0.0, response
+
+
+def _eval_own(text: str, numbers: list[int]) -> Fraction:
+    """A second evaluator (shunting-yard over Fractions, written for this test): the value of an expression
+    with + - * / and parentheses, and a check that its literals are a sub-multiset of ``numbers``."""
+    toks = re.findall(r"\d+|[-+*/()]", text)
+    assert "".join(toks) == text.replace(" ", ""), text
+    prec = {"+": 1, "-": 1, "*": 2, "/": 2}
+    out, ops = [], []
+
+    def apply():
+        op, b, a = ops.pop(), out.pop(), out.pop()
+        out.append(a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b)
+
+    left = list(numbers)
+    for t in toks:
+        if t.isdigit():
+            left.remove(int(t))  # ValueError: a literal not given (or used too often)
+            out.append(Fraction(int(t)))
+        elif t == "(":
+            ops.append(t)
+        elif t == ")":
+            while ops[-1] != "(":
+                apply()
+            ops.pop()
+        else:
+            while ops and ops[-1] != "(" and prec[ops[-1]] >= prec[t]:
+                apply()
+            ops.append(t)
+    while ops:
+        apply()
+    assert len(out) == 1
+    return out[0]
+
+
+def test_answer_keys_recomputed_from_the_prompt_text():
+    """Every example's prompt parsed back into numbers and target: the stored answer is that target, the stored
+    solution evaluates to it under a second evaluator with the prompt's numbers (each at most once), and the
+    target is reachable by the independent brute-force enumeration of all expressions over the numbers."""
+    task = get_task("countdown", n_train=250, n_eval=100)
+    reach_cache: dict = {}
+    for ex in task.train + task.eval:
+        m = re.fullmatch(r"Q: ((?:\d+ )+)= (\d+)\nA:", ex.prompt)
+        assert m, ex.prompt
+        numbers, target = [int(x) for x in m[1].split()], int(m[2])
+        assert ex.answer == str(target) and ex.meta["numbers"] == numbers and ex.meta["target"] == target
+        assert _eval_own(ex.meta["expression"], numbers) == target, ex.meta["expression"]
+        key = tuple(sorted(numbers))
+        if key not in reach_cache:
+            reach_cache[key] = {v for _, v in _all_over_subsets(list(key))}
+        assert Fraction(target) in reach_cache[key]
+        assert task.reward(ex.meta["solution"], ex) == 1.0

@@ -98,3 +98,63 @@ def test_option_ranges_checked():
         get_task("word_problems", n_eval=-1)
     with pytest.raises(ValueError, match="unknown option|difficulty"):
         get_task("word_problems", difficulty="hard")
+
+
+# --- answer keys recomputed from the question text, and the answer formats the grader accepts ---
+
+#: each template's question, read back, and the answer worked out from its numbers (written for this test)
+_QUESTIONS = [
+    (r"(\w+) has (\d+) (\w+), buys (\d+), gives (\d+) away\. How many now\?",
+     lambda a, item, b, c: a + b - c),
+    (r"(\w+) has (\d+) boxes of (\d+) (\w+), gives (\d+) away\. How many left\?",
+     lambda a, b, item, c: a * b - c),
+    (r"(\w+) has (\d+) (\w+), (\w+) (\d+) times as many\. How many in all\?",
+     lambda a, item, other, b: a + a * b),
+    (r"(\w+) buys (\d+) (\w+) at \$(\d+) each, pays \$(\d+)\. What change\?",
+     lambda b, item, a, c: c - a * b),
+    (r"(\w+) has (\d+) (\w+), finds (\d+), shares among (\d+)\. How many each\?",
+     lambda a, item, b, d: (a + b) // d if (a + b) % d == 0 else None),
+    (r"(\w+) has (\d+) bags of (\d+) (\w+), buys (\d+), loses (\d+)\. How many now\?",
+     lambda a, b, item, c, d: a * b + c - d),
+]
+
+
+def _answer_from_question(question: str) -> int:
+    hits = []
+    for pattern, solve in _QUESTIONS:
+        m = re.fullmatch(pattern, question)
+        if m:
+            args = [int(x) if x.isdigit() else x for x in m.groups()[1:]]  # the name is not needed
+            hits.append(solve(*args))
+    assert len(hits) == 1 and hits[0] is not None, (question, hits)
+    return hits[0]
+
+
+def test_answer_keys_recomputed_from_the_question_text():
+    """For a few hundred problems of every template: the answer worked out from the question's own numbers
+    equals the stored value, the reference's ``#### `` line and what the grader accepts."""
+    task = get_task("word_problems", n_train=300, n_eval=100)
+    seen = set()
+    for ex in task.train + task.eval:
+        m = re.fullmatch(r"Q: (.+)\nA:", ex.prompt)
+        assert m, ex.prompt
+        v = _answer_from_question(m[1])
+        seen.add(next(i for i, (p, _) in enumerate(_QUESTIONS) if re.fullmatch(p, m[1])))
+        assert ex.meta["value"] == v and ex.answer.endswith(f"\n#### {v}")
+        assert task.reward(f" #### {v}", ex) == 1.0 and task.reward(f" #### {v + 1}", ex) == 0.0
+    assert seen == set(range(len(_QUESTIONS)))  # every template was checked
+
+
+def test_answer_formats_the_grader_accepts():
+    """The answer statements the GSM8K grader reads (oblr.grading.extract: ``####``, "The answer is", "Answer:", a box,
+    the last number as the fallback), with signs, leading zeros, decimals, a currency sign and trailing words:
+    reward 1 for the value worked out from the question, 0 for the value + 1 in the same form."""
+    task = get_task("word_problems", n_train=0, n_eval=60)
+    forms = ["#### {}", "####{}", "####   {}  \n", "#### +{}", "#### 0{}", "#### {}.0", "#### {}.00", "#### ${}",
+             "#### {} apples", "The answer is {}.", "So the answer is {}", "Answer: {}", "\\boxed{{{}}}",
+             "The final answer is $\\boxed{{{}}}$.", "1+1=2 2+2=4 then {}", "3*4=12 #### 7\nWait, the answer is {}."]
+    for ex in task.eval:
+        v = _answer_from_question(ex.meta["question"])
+        for form in forms:
+            assert task.reward(" " + form.format(v), ex) == 1.0, form.format(v)
+            assert task.reward(" " + form.format(v + 1), ex) == 0.0, form.format(v + 1)
