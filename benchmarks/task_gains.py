@@ -2,7 +2,8 @@
 
     python benchmarks/task_gains.py                                   # countdown and word_problems
     python benchmarks/task_gains.py --tasks countdown --runs runs/task-gains
-    python benchmarks/task_gains.py --cache-dir EMPTY_FOLDER         # include the first-use model build
+    python benchmarks/task_gains.py --cache-dir EMPTY_FOLDER         # build the models here (OBLR_BUILTIN=build),
+                                                                      # the build inside the command
 
 For each task it runs ``python -m oblr train task.name=<task> train.output_dir=<runs>/<task>`` (nothing
 else is set: ``train.output_dir`` only names the run folder) and times the whole command. From the run's
@@ -56,9 +57,14 @@ def run_task(task: str, runs: Path, env: dict) -> dict:
     from oblr.models.builtin import METADATA_FILE
     from oblr.models.task_builtins import TASK_MODELS, is_current
 
+    from oblr.models.shipped import source, verified_dir
+
     spec = TASK_MODELS[task]
-    model_dir = task_model_dir(spec)
-    built_here = not is_current(model_dir, spec)
+    if source() == "shipped":  # the shipped bytes: nothing is built
+        model_dir, built_here = verified_dir(spec.dirname), False
+    else:
+        model_dir = task_model_dir(spec)
+        built_here = not is_current(model_dir, spec)
     run_dir = runs / task
     if run_dir.exists():
         raise SystemExit(f"task_gains: run folder {run_dir} exists; remove it or pass another --runs")
@@ -136,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", nargs="+", default=["countdown", "word_problems"])
     p.add_argument("--runs", type=Path, default=Path("runs/task-gains"), help="parent of the run folders")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/tasks"))
-    p.add_argument("--cache-dir", default=None, help="OBLR_CACHE_DIR for the runs (an empty one includes the build)")
+    p.add_argument("--cache-dir", default=None, help="OBLR_CACHE_DIR for the runs, with OBLR_BUILTIN=build (models "
+                                                      "built on this machine; an empty one includes the build)")
     args = p.parse_args(argv)
     from oblr.models.task_builtins import TASK_MODELS
 
@@ -144,9 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"--tasks: no built-in model for {', '.join(bad)}; choose from {', '.join(TASK_MODELS)}")
     env = dict(os.environ)
-    if args.cache_dir:
+    if args.cache_dir:  # models built on this machine into that cache, not the shipped ones
         env["OBLR_CACHE_DIR"] = os.path.abspath(args.cache_dir)
         os.environ["OBLR_CACHE_DIR"] = env["OBLR_CACHE_DIR"]  # task_model_dir() here must see the same cache
+        env["OBLR_BUILTIN"] = os.environ["OBLR_BUILTIN"] = "build"
     args.runs.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = previous_rows(args.out / "task_gains.json")

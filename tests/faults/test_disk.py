@@ -28,11 +28,11 @@ def test_read_only_output_folder_and_read_only_home_fail_in_one_line_before_the_
     mnt, res = tmp_path / "mnt", tmp_path / "res"
     mnt.mkdir(), res.mkdir()
     run = train_args(small_builtin, mnt / "run", 1)
-    builtin = train_args("builtin", tmp_path / "run2", 1)  # must be built: needs a writable cache
+    builtin = train_args("builtin", tmp_path / "run2", 1)  # with OBLR_BUILTIN=build: needs a writable cache
     r = in_namespace(f"""
         mount -t tmpfs -o size=4m tmpfs {mnt} && mkdir {mnt}/home && mount -o remount,ro {mnt} || exit 99
         {_cmd(run)} 2> {res}/out.err; echo $? > {res}/out.rc
-        env -u OBLR_CACHE_DIR HOME={mnt}/home {_cmd(builtin)} 2> {res}/home.err; echo $? > {res}/home.rc
+        env -u OBLR_CACHE_DIR OBLR_BUILTIN=build HOME={mnt}/home {_cmd(builtin)} 2> {res}/home.err; echo $? > {res}/home.rc
     """, tmp_path)
     assert r.returncode == 0, r.stderr
     line = _one_error_line((res / "out.err").read_text())
@@ -52,6 +52,7 @@ def test_a_file_where_a_folder_should_be(small_builtin, tmp_path, capsys, monkey
     assert main(train_args(small_builtin, f / "run", 1)) == 2
     assert f"{f} is a file, not a folder" in _one_error_line(capsys.readouterr().err)
     monkeypatch.setenv("OBLR_CACHE_DIR", str(f))
+    monkeypatch.setenv("OBLR_BUILTIN", "build")  # the shipped model needs no cache; a build of this machine does
     assert main(train_args("builtin", tmp_path / "run", 1)) == 2
     assert f"{f} is a file, not a folder" in _one_error_line(capsys.readouterr().err)
     assert f.read_text() == "not a folder"

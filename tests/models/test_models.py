@@ -12,6 +12,13 @@ import oblr.models.builtin as bm
 from oblr.models import builtin_model_dir, load_model_and_tokenizer, resolve_model_path
 from oblr.models.tokenizer import EOS, PAD, UNK, build_tokenizer
 
+
+@pytest.fixture(autouse=True)
+def _builds_of_this_machine(monkeypatch):
+    """These tests are about building the built-in models on this machine (``OBLR_BUILTIN=build``); the
+    shipped bytes that ``builtin`` loads by default are tested in tests/models/test_shipped.py."""
+    monkeypatch.setenv("OBLR_BUILTIN", "build")
+
 TINY = {"sft_steps": 3, "batch_size": 8, "n_train": 200, "n_measure": 8, "progress": None}
 
 

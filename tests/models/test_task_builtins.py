@@ -10,6 +10,13 @@ from oblr.models.builtin import METADATA_FILE
 from oblr.models.task_builtins import TASK_MODELS, build_task_model, builtin_for_task, is_current
 
 
+@pytest.fixture(autouse=True)
+def _builds_of_this_machine(monkeypatch):
+    """These tests are about building the built-in models on this machine (``OBLR_BUILTIN=build``); the
+    shipped bytes that ``builtin`` loads by default are tested in tests/models/test_shipped.py."""
+    monkeypatch.setenv("OBLR_BUILTIN", "build")
+
+
 @pytest.mark.parametrize("task", ["countdown", "word_problems"])
 def test_tiny_build_loads_and_generates(task, tmp_path):
     path = build_task_model(task, tmp_path / task, sft_steps=3, n_measure=2, progress=None)

@@ -47,6 +47,7 @@ def test_summary_and_table(tmp_path, monkeypatch):
     run, calls = _fake_train(curves)
     monkeypatch.setattr(task_gains.subprocess, "run", run)
     monkeypatch.delenv("OBLR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("OBLR_BUILTIN", raising=False)  # main() sets it with --cache-dir; restored after
     out = tmp_path / "out"
     assert task_gains.main(["--runs", str(tmp_path / "runs"), "--out", str(out),
                             "--cache-dir", str(tmp_path / "cache")]) == 0
@@ -81,6 +82,7 @@ def test_rows_of_tasks_not_run_are_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(task_gains.subprocess, "run", run)
     monkeypatch.setattr(task_gains, "markdown", lambda rows: "")  # the old rows lack the table's fields
     monkeypatch.delenv("OBLR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("OBLR_BUILTIN", raising=False)  # main() sets it with --cache-dir; restored after
     assert task_gains.main(["--runs", str(tmp_path / "runs"), "--out", str(out), "--tasks", "word_problems",
                             "--cache-dir", str(tmp_path / "cache")]) == 0
     rows = json.loads((out / "task_gains.json").read_text())
