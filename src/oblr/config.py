@@ -189,7 +189,9 @@ class TrainConfig:
     tensorboard: bool = opt(False, "also log to TensorBoard")
     wandb: bool = opt(False, "also log to Weights & Biases (offline mode unless WANDB_MODE says otherwise)")
     plots: bool = opt(True, "write PNG plots to the run folder at the end")
-    threads: int = opt(0, "torch CPU threads (0 = all cores)", range=Range(ge=0, le=MAX_THREADS))
+    threads: int = opt(0, "torch CPU threads (0 = the cores other work leaves free at the start: torch's own "
+                       "count less the busy cores, at least 1; OMP_NUM_THREADS, if set, wins)",
+                       range=Range(ge=0, le=MAX_THREADS))
 
 
 @dataclass

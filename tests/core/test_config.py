@@ -148,7 +148,8 @@ def test_cross_key_rules_and_help_show_the_ranges():
     assert load_config(None, ["optim.lr=3000", "optim.optimizer=sgd"]).optim.lr == 3000  # large SGD steps stay legal
     text = config_help()
     assert "optim.lr (float, default 0.001): " in text and "[in (0, 1e6]]" in text
-    assert "train.threads (int, default 0): torch CPU threads (0 = all cores) [in [0, 1024]]" in text
+    assert ("train.threads (int, default 0): torch CPU threads (0 = the cores other work leaves free at the start: "
+            "torch's own count less the busy cores, at least 1; OMP_NUM_THREADS, if set, wins) [in [0, 1024]]") in text
 
 
 # ------------------------------------------------------------------- options of dict-valued keys (item 10)

@@ -59,6 +59,7 @@ from oblr.train.plan import apply_plan, check_checkpointing, plan_run, prompt_to
 from oblr.train.ranks import shared_run_dir, start
 from oblr.train.step_metrics import as_floats, rollout_metrics
 from oblr.train.summary import run_summary, summary_lines, write_summary
+from oblr.train.threads import choose_threads, remember, torch_default
 from oblr.update import UpdateSettings
 
 __all__ = ["Trainer", "TrainingError", "train"]
@@ -307,8 +308,13 @@ class Trainer:
         quiet_hf_progress()
         for warning in settings_warnings(cfg):
             self._warn(warning)
-        if cfg.train.threads > 0:
-            torch.set_num_threads(cfg.train.threads)
+        default = torch_default(torch.get_num_threads())
+        threads, said = choose_threads(cfg.train.threads, default)  # 0: the cores other work leaves free
+        if threads is not None:
+            torch.set_num_threads(threads)
+            remember(default, threads)
+        if said and main:
+            self._log(said)
         # data first: a malformed data file fails before a model loads
         needs_tokenizer = task_accepts(cfg.task.name, "tokenizer") and "tokenizer" not in cfg.task.options
         with no_fallback_warning() if needs_tokenizer else contextlib.nullcontext():
