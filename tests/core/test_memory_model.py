@@ -366,3 +366,89 @@ def test_recompute_kept_bytes_match_the_engine(tied):
     case = Case(hidden=32, layers=2, vocab=64, prompt_len=4, response_len=28, n_prompts=2, group_size=2, tied=tied)
     want = sum(mm.kept_bytes(memory.shape_of(case), 4, 32, 4, logit_chunk=8).values())
     assert _engine_kept(case, torch.float32, chunk=8) == want
+
+
+#: a tiny Qwen3 whose projections all differ in size: q = heads * head_dim = 48 != hidden 32 (o_proj reads 48),
+#: k/v = kv_heads * head_dim = 24 < q (grouped-query attention), MLP 40
+GQA = dict(hidden=32, layers=2, vocab=64, heads=4, kv_heads=2, head_dim=12, intermediate=40)
+
+
+def _gqa_case(tied: bool, response_len: int = 4):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from step_methods import Case
+
+    return Case(prompt_len=4, response_len=response_len, n_prompts=2, group_size=2, tied=tied, **GQA)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_sizes_and_entries_from_the_real_parameters_when_q_and_kv_differ_from_hidden(tied):
+    """Each weight's [R, C], a layer's and the model's parameter count, the assembly's entries (bytes 4 n each in
+    float32) and the LoRA adapters' count against the nn.Module parameters of a tiny Qwen3 with
+    num_key_value_heads < num_attention_heads and heads * head_dim != hidden (the other tests' shapes have
+    q == hidden, where o_proj's input width or q_proj's rows could be taken as hidden unseen)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import memory
+    from step_methods import build_model
+
+    from oblr.gradnorm import BookKeeper
+    from oblr.models import wrap_lora
+
+    case = _gqa_case(tied)
+    model = build_model(case)
+    s = memory.shape_of(case)
+    assert s.heads * s.head_dim != s.hidden and s.kv_heads < s.heads
+    layer = model.model.layers[0]
+    mods = {"q_proj": layer.self_attn.q_proj, "k_proj": layer.self_attn.k_proj, "v_proj": layer.self_attn.v_proj,
+            "o_proj": layer.self_attn.o_proj, "gate_proj": layer.mlp.gate_proj, "up_proj": layer.mlp.up_proj,
+            "down_proj": layer.mlp.down_proj}
+    assert {n: (R, C) for n, R, C, _ in mm.linears(s)} == {n: tuple(m.weight.shape) for n, m in mods.items()}
+    assert mm.layer_params(s) == sum(p.numel() for p in layer.parameters())
+    assert mm.n_params(s) == sum(p.numel() for p in model.parameters())  # a tied weight counted once
+    params = dict(model.named_parameters())
+    names = BookKeeper(model).parameter_names()
+    entries = mm._entries(s, 8, 4, 0, True, 0, mm.LORA_TARGETS)
+    assert [4 * n for n, _ in entries] == [params[k].numel() * params[k].element_size() for k in names]
+    lora = wrap_lora(build_model(case), rank=4, alpha=8, targets=list(mm.LORA_TARGETS))
+    adapters = [p for p in lora.parameters() if p.requires_grad]
+    assert mm.lora_params(s, 4) == sum(p.numel() for p in adapters)
+    assert [n for n, _ in mm._entries(s, 8, 4, 0, False, 4, mm.LORA_TARGETS)] == [p.numel() for p in adapters]
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_recompute_kept_bytes_match_the_engine_when_q_and_kv_differ_from_hidden(tied):
+    """kept_bytes against what RecomputeBookKeeper holds, byte for byte, on the GQA shape at lengths where the
+    narrower k/v projections are kept dense while q/o (and the MLP) keep their factors -- then the input q/k/v
+    share is held for q alone -- and where all keep factors or all are dense; float32 and bf16; LoRA."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import memory
+
+    h, q, kv = 32, 48, 24
+    mixed = {torch.float32: 16, torch.bfloat16: 34}  # T where k/v [24, 32] are dense and q [48, 32] is not
+    for dtype, nbytes in ((torch.float32, 4), (torch.bfloat16, 2)):
+        assert mm.keep_dense(kv, h, mixed[dtype], nbytes) and not mm.keep_dense(q, h, mixed[dtype], nbytes)
+        for resp in (2, 12, 30, 60):  # T = 6 (all factors), 16, 34, 64 (all dense)
+            case = _gqa_case(tied, resp)
+            s, B, T = memory.shape_of(case), 4, 4 + resp
+            assert _engine_kept(case, dtype) == sum(mm.kept_bytes(s, B, T, nbytes).values()), (dtype, resp)
+            lora = mm.kept_bytes(s, B, T, nbytes, head_trainable=False, lora_rank=4)
+            assert _engine_kept(case, dtype, lora_rank=4) == sum(lora.values()), (dtype, resp, "lora")
+
+
+def test_gqa_shape_measures_within_band():
+    """benchmarks/memory.py on a shape with q = 2 x hidden and one KV head (kv = hidden / 2): the measured CPU peak
+    of every plan within the quick case's band of its prediction (memory.measure also refuses a parameter count
+    the memory model gets wrong)."""
+    from dataclasses import replace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import memory
+
+    case = replace(memory.case_of(64, 2, 128, vocab=1024), heads=4, kv_heads=1, head_dim=32)
+    s = memory.shape_of(case)
+    assert (s.heads * s.head_dim, s.kv_heads * s.head_dim) == (2 * s.hidden, s.hidden // 2)
+    rows = memory.measure(case)
+    assert {r["plan"] for r in rows} == set(mm.PLANS)
+    for r in rows:
+        assert r["measured"] > 0 and 0.8 <= r["ratio"] <= 1.2, (r["plan"], r["ratio"])

@@ -398,3 +398,50 @@ def test_plan_run_with_chunked_logits_plans_checkpointed_engines_only():
     p = plan_run(cfg, _hf_config(), prompt_len=16, world=1, device="cpu")
     assert (p.engine, p.checkpointing, p.logit_chunk) == ("recompute", True, 8)  # a tie: the one backward
     assert apply_plan(cfg, p).model.activation_checkpointing
+
+
+def _by_hand_peaks(groups: int) -> dict[str, int]:
+    """Qwen3-0.6B, bf16, a later micro-batch of ``groups`` groups of 8 sequences of 1024 tokens, the earlier
+    micro-batches' bf16 gradients held (``2 P`` bytes from the start): the memory model written out by hand.
+
+    One-pass: activations ``(L (10h + 5q + 4kv + 4I) + 4h + T)`` per token; then the larger of the start of its
+    backward (4 float32 logit-sized tensors, no gradient formed, plus the held gradients) and its assembly (the held
+    gradients, and for the largest entry, the tied embedding ``V x h`` kept as factors, one group's float32 sum and
+    the float32 running total, plus the total in bf16: ``10 V h``). Two-pass: the layer inputs ``L h`` and ``4h + T``
+    per token; then the start of the backward (5 logit-sized tensors, the output layer's gradient an increment into
+    the held one) with the held gradients, which beats the recomputed layer with every gradient, the tied sum and
+    the norm pass (4 logit-sized tensors) on this shape."""
+    L, h, q, kv, i, V, T = 28, 1024, 16 * 128, 8 * 128, 3072, 151936, 1024
+    B, P = 8 * groups, mm.n_params(S)
+    held = 2 * P
+    one_pass = B * T * (L * (10 * h + 5 * q + 4 * kv + 4 * i) + 4 * h + T) * 2
+    one_pass += max(4 * B * T * V * 4 + held, held + 10 * V * h)
+    layer = B * T * (6 * h + 7 * q + 6 * kv + 4 * i) * 2
+    two_pass = B * T * (L * h + 4 * h + T) * 2
+    two_pass += max(5 * B * T * V * 4 + held, layer + held, held + 2 * V * h * 2, 4 * B * T * V * 4 + layer + held)
+    return {"one-pass": RES + one_pass, "two-pass": RES + two_pass}
+
+
+def test_a_capped_micro_batch_is_priced_with_the_earlier_micro_batches_gradients_held():
+    """The user's cap (algorithm.micro_batch_groups=3 of the rank's 4 groups) splits the batch, so the 3-group
+    micro-batch after the first runs with the first one's gradients held: its peak is the by-hand model with those
+    gradients (``_by_hand_peaks``), 2 P bytes (1.19 GB) above the same micro-batch as a whole batch. At 115 GB the
+    one-pass engine on 3 groups therefore does not fit (115.5 GB; 114.3 GB without the held gradients) and the
+    two-pass engine runs the 3 groups; at 116 GB it fits and, at equal groups, the cheaper one-pass engine is chosen
+    -- where the uncapped plan is the two-pass engine on the whole batch: the cap changes the engine."""
+    want = _by_hand_peaks(3)
+    assert want["one-pass"] - mm.n_params(S) * 2 < 115 * GB < want["one-pass"] < 116 * GB
+    p = plan(115, max_groups=3)
+    assert (p.engine, p.groups, p.micro_batch_groups, p.sequences) == ("two-pass", 3, 3, 24)
+    assert p.peak_bytes == want["two-pass"]
+    p = plan(116, max_groups=3)
+    assert (p.engine, p.groups, p.micro_batch_groups, p.sequences) == ("one-pass", 3, 3, 24)
+    assert p.peak_bytes == want["one-pass"]
+    for budget in (115, 116):  # without the cap: the two-pass engine on the whole batch (nothing held)
+        p = plan(budget)
+        assert (p.engine, p.groups, p.micro_batch_groups) == ("two-pass", 4, 0)
+    # a cap at or above the rank's groups is no cap: the whole batch, nothing held, micro_batch_groups 0
+    for cap in (4, 6):
+        p = plan(300, max_groups=cap)
+        assert (p.engine, p.groups, p.micro_batch_groups, p.sequences) == ("one-pass", 4, 0, 32)
+        assert p.peak_bytes == plan(300).peak_bytes
