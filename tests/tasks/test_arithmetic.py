@@ -219,21 +219,21 @@ def test_chat_template_option_is_checked():
 # --- answers in legal but unusual forms, and answer keys recomputed from the prompt text ---
 
 @pytest.mark.parametrize("text,expected", [
-    ("#### +58", 58),                 # an explicit plus sign
-    ("#### -0", 0),
-    ("#### 0058", 58),                # leading zeros
-    ("#### +007", 7),
-    ("####58", 58),                   # no space after the marker
-    ("####   58", 58),                # several spaces
-    ("####\t58", 58),                 # a tab
-    ("#### \t 58", 58),
-    ("#### 58   ", 58),               # trailing spaces
-    ("#### 58\n\n \t\n", 58),         # trailing blank lines
-    ("work 1+2=3\n#### 58\n", 58),
-    ("#### + 58", None),              # a sign must touch its digits
-    ("#### 5 8", None),
-    ("####\n58", None),               # the number must be on the marker's line
-    ("#### 58 #", None),
+    pytest.param("#### +58", 58, id="plus-sign"),
+    pytest.param("#### -0", 0, id="minus-zero"),
+    pytest.param("#### 0058", 58, id="leading-zeros"),
+    pytest.param("#### +007", 7, id="plus-and-leading-zeros"),
+    pytest.param("####58", 58, id="no-space"),
+    pytest.param("####   58", 58, id="several-spaces"),
+    pytest.param("####\t58", 58, id="tab"),
+    pytest.param("#### \t 58", 58, id="space-tab-space"),
+    pytest.param("#### 58   ", 58, id="trailing-spaces"),
+    pytest.param("#### 58\n\n \t\n", 58, id="trailing-blank-lines"),
+    pytest.param("work 1+2=3\n#### 58\n", 58, id="after-work"),
+    pytest.param("#### + 58", None, id="detached-sign"),
+    pytest.param("#### 5 8", None, id="split-digits"),
+    pytest.param("####\n58", None, id="number-on-next-line"),
+    pytest.param("#### 58 #", None, id="trailing-hash"),
 ])
 def test_parse_final_answer_unusual_forms(text, expected):
     assert parse_final_answer(text) == expected
