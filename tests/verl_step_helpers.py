@@ -66,10 +66,25 @@ def sample_rollouts(model, seed: int, n: int = N):
                            rewards=rewards.view(n, G))
 
 
+def with_tool_output(ro, start: int = 1, width: int = 2):
+    """The rollouts with response positions ``start .. start+width-1`` of every response of at least
+    ``start + width + 1`` tokens made tool output: still attended (``response_attention`` 1), out of the loss
+    (``response_mask`` 0), so the response mask is no longer the attention mask's tail."""
+    att = ro.response_mask.clone()
+    rm = att.clone()
+    long = att.sum(-1) >= start + width + 1
+    rm[long, start:start + width] = 0
+    return SimpleNamespace(**{**vars(ro), "response_mask": rm, "response_attention": att})
+
+
+def _response_attention(ro):
+    return getattr(ro, "response_attention", ro.response_mask)
+
+
 def core_batch(ro):
     """The native step's batch (prompt-major, as oblr train builds it)."""
     ids = torch.cat([ro.prompts, ro.responses], 1)
-    am = torch.cat([ro.prompt_mask, ro.response_mask], 1)
+    am = torch.cat([ro.prompt_mask, _response_attention(ro)], 1)
     rm = torch.cat([torch.zeros_like(ro.prompt_mask), ro.response_mask], 1)
     return SimpleNamespace(input_ids=ids, attention_mask=am, response_mask=rm, response_lengths=rm.sum(-1))
 
@@ -77,15 +92,16 @@ def core_batch(ro):
 def data_proto(ro, rows=None, prompt_offset: int = 0):
     """verl's batch of these rollouts after generation and reward (rows ``rows``, default all, in that order):
     input_ids = prompt | response, position_ids from the mask, the reward on each response's last token
-    (``token_level_scores``), ``uid`` per prompt."""
+    (``token_level_scores``), ``uid`` per prompt. With tool output (:func:`with_tool_output`) the attention
+    mask covers it and ``response_mask`` does not."""
     from verl import DataProto
 
     B = ro.prompts.shape[0]
     rows = torch.arange(B) if rows is None else rows
     ids = torch.cat([ro.prompts, ro.responses], 1)
-    am = torch.cat([ro.prompt_mask, ro.response_mask], 1)
+    am = torch.cat([ro.prompt_mask, _response_attention(ro)], 1)
     scores = torch.zeros(ro.responses.shape)
-    last = ro.response_mask.sum(-1) - 1
+    last = _response_attention(ro).sum(-1) - 1
     scores[torch.arange(B), last] = ro.rewards.reshape(-1)
     uid = np.array([f"q{prompt_offset + k}" for k in range(B // G) for _ in range(G)], dtype=object)
     t = {"input_ids": ids, "attention_mask": am, "position_ids": position_ids_from_mask(am), "prompts": ro.prompts,
@@ -150,9 +166,10 @@ def verl_engine(model, opt):
     return eng
 
 
-def verl_step(model, engine, lr, data, *, dp_group=None, world: int = 1) -> dict:
+def verl_step(model, engine, lr, data, *, dp_group=None, world: int = 1, total_rows: int | None = None) -> dict:
     """The step verl drives (module docstring) on this rank's ``data``. Returns w_i and advantages (row
-    order of ``data``), the gradient before the optimizer step, S, V and the lr set."""
+    order of ``data``), the gradient before the optimizer step, S, V and the lr set. ``total_rows``: the rows
+    of the global batch (default: this rank's times ``world``, i.e. equal shares)."""
     import torch.distributed as dist
     from verl.trainer.ppo.ray_trainer import compute_advantage
     from verl.utils import tensordict_utils as tu
@@ -163,7 +180,7 @@ def verl_step(model, engine, lr, data, *, dp_group=None, world: int = 1) -> dict
     cfg = actor_config()
     b = data.batch
     B = len(data)
-    total_rows = B * world
+    total_rows = B * world if total_rows is None else total_rows
     npass = norm_pass(model, data, cfg, rollout_n=G, temperature=TEMPERATURE, dp_group=dp_group)
     lr.pending_from(data)
     ids, am = b["input_ids"], b["attention_mask"]
@@ -205,6 +222,23 @@ def verl_step(model, engine, lr, data, *, dp_group=None, world: int = 1) -> dict
     st = lr.last
     return {"w": npass.weights, "norm_pass_adv": npass.advantages, "adv": (adv * rm).sum(-1) / rm.sum(-1),
             "grads": g, "S": float(st.S), "V": float(st.V), "n": st.n, "lr": opt.param_groups[0]["lr"]}
+
+
+def per_row_scores(model, ids, am, rm) -> torch.Tensor:
+    """Row i: the gradient of ``sum_t rm[i, t] log softmax(logits / TEMPERATURE)[token t]`` for sequence i ALONE
+    (its padding stripped, default positions, its own forward and backward; no oblr code), flattened over the
+    parameters. [B, P] float64."""
+    params = list(model.parameters())
+    out = []
+    for i in range(ids.shape[0]):
+        keep = am[i].bool()
+        seq, mask = ids[i][keep][None], rm[i][keep][None].float()
+        logits = model(input_ids=seq).logits.float() / TEMPERATURE
+        lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, seq[:, 1:, None]).squeeze(-1)
+        g = torch.autograd.grad((lp * mask[:, 1:]).sum(), params, allow_unused=True)
+        out.append(torch.cat([(torch.zeros_like(p) if x is None else x).reshape(-1).double()
+                              for x, p in zip(g, params)]))
+    return torch.stack(out)
 
 
 def rel(a, b) -> float:

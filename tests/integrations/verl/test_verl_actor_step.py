@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -114,26 +115,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _two_ranks(tmp_path, ro, native_grads, split: list[int] | None = None) -> list[dict]:
+    """tests/verl_dp_worker.py on 2 gloo processes (rank r takes ``split[r]`` whole groups; default equal
+    halves); each rank's JSON result."""
+    torch.save(vars(ro), tmp_path / "rollouts.pt")
+    torch.save(native_grads, tmp_path / "native_grads.pt")
+    tests = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    port = _free_port()
+    extra = [",".join(map(str, split))] if split else []
+    procs = [subprocess.Popen([sys.executable, str(tests / "verl_dp_worker.py"), str(r), "2", str(port),
+                               str(tmp_path / f"rank{r}.json"), str(tmp_path / "rollouts.pt"),
+                               str(tmp_path / "native_grads.pt"), *extra], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
 def test_two_gloo_ranks_with_whole_groups_equal_the_one_process_step(tmp_path):
     """2 processes (gloo), each with 2 whole groups: the same w_i (its rows), S, V and lr on both ranks, equal
     to the one-process step of the same 4 groups; the averaged gradient equals the one-process gradient."""
     (m1, o1, c1), _ = h.pair("snr")
     ro = h.sample_rollouts(m1, seed=21)
     nat = h.native_step(m1, o1, c1, ro)
-    torch.save(vars(ro), tmp_path / "rollouts.pt")
-    torch.save(nat["grads"], tmp_path / "native_grads.pt")
-    tests = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(tests / "verl_dp_worker.py"), str(r), "2", str(port),
-                               str(tmp_path / f"rank{r}.json"), str(tmp_path / "rollouts.pt"),
-                               str(tmp_path / "native_grads.pt")], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = _two_ranks(tmp_path, ro, nat["grads"])
     half = h.N * h.G // 2
     for r, out in enumerate(ranks):
         assert h.rel(torch.tensor(out["w"]), nat["w"][r * half:(r + 1) * half]) < TOL
@@ -142,3 +150,78 @@ def test_two_gloo_ranks_with_whole_groups_equal_the_one_process_step(tmp_path):
         assert_stats_close(out, nat)
         for k in ("S", "V", "lr"):
             assert out[k] == ranks[0][k]  # identical on every rank
+
+
+# --- tool output inside a response (zeros inside the response mask); ranks with different prompt counts ---
+
+def _reference_step(model, ro) -> dict:
+    """The step written from its definition on per-row autograd scores (tests/verl_step_helpers.per_row_scores,
+    no oblr code), the response mask deciding which tokens a row's score sums: w_i = c_i^2 ||s_i||^2 with
+    c = 1/(N G R_MAX), the leave-one-out baseline weighted by w, the gradient -sum_i A_i c_i s_i, g_k = N times
+    prompt k's part of it, V = (sum_k ||g_k||^2 - N ||gbar||^2)/(N - 1), S = ||gbar||^2 - V/N, lr = LR S/(S + V/N)."""
+    n, g = ro.rewards.shape
+    ids = torch.cat([ro.prompts, ro.responses], 1)
+    am = torch.cat([ro.prompt_mask, getattr(ro, "response_attention", ro.response_mask)], 1)
+    rm = torch.cat([torch.zeros_like(ro.prompt_mask), ro.response_mask], 1)
+    s = h.per_row_scores(model, ids, am, rm)
+    c = 1.0 / (n * g * h.R_MAX)
+    w = c * c * s.pow(2).sum(-1)
+    r = ro.rewards.double().reshape(-1)
+    adv = torch.empty_like(r)
+    for k in range(n):
+        rows = range(k * g, (k + 1) * g)
+        for i in rows:
+            others = [j for j in rows if j != i]
+            adv[i] = r[i] - sum(w[j] * r[j] for j in others) / sum(w[j] for j in others)
+    rows_grad = -(adv * c)[:, None] * s
+    gbar = rows_grad.sum(0)
+    gk = n * rows_grad.view(n, g, -1).sum(1)
+    V = float((gk.pow(2).sum() - n * gbar.pow(2).sum()) / (n - 1))
+    S = float(gbar.pow(2).sum()) - V / n
+    return {"w": w, "adv": adv, "grad": gbar, "S": S, "V": V, "n": n,
+            "lr": h.LR * max(S, 0.0) / (max(S, 0.0) + V / n), "scores": s}
+
+
+def test_tool_output_inside_responses_stays_out_of_w_the_advantages_and_the_gradient():
+    """Responses with tool output inside them (attended, response mask 0): the norm pass's w_i and advantages,
+    the gradient of verl's loss, S, V and the lr equal the reference built on the response mask; a reference
+    that scored the attention mask's tail instead differs beyond the tolerance on the rows with tool output."""
+    (m1, _, _), (m2, eng, lr2) = h.pair("snr")
+    ro = h.with_tool_output(h.sample_rollouts(m1, seed=38))
+    holes = (ro.response_attention - ro.response_mask).sum(-1) > 0
+    assert 3 <= int(holes.sum()) < h.N * h.G and (ro.response_mask.sum(-1) > 0).all()
+    ref = _reference_step(m1, ro)
+    tail = _reference_step(m1, SimpleNamespace(**{**vars(ro), "response_mask": ro.response_attention}))
+    assert all(abs(a / b - 1) > 1e-3 for a, b in zip(tail["w"][holes], ref["w"][holes]))  # the regime
+    assert torch.equal(tail["w"][~holes], ref["w"][~holes])
+    perm = torch.randperm(h.N * h.G, generator=torch.Generator().manual_seed(3))
+    data = h.data_proto(ro, perm)
+    assert not torch.equal(data.batch["response_mask"], data.batch["attention_mask"][:, -h.R_MAX:])
+    ver = h.verl_step(m2, eng, lr2, data)
+    assert h.rel(ver["w"], ref["w"][perm].float()) < TOL
+    assert h.rel(ver["norm_pass_adv"], ref["adv"][perm].float()) < TOL
+    assert h.rel(ver["adv"], ref["adv"][perm].float()) < TOL
+    assert h.rel(torch.cat([x.reshape(-1).double() for x in ver["grads"]]), ref["grad"]) < TOL
+    assert ref["S"] > 0 and ref["V"] > 0
+    assert_stats_close(ver, ref)
+
+
+def test_two_gloo_ranks_holding_1_and_3_prompts_equal_the_one_process_step(tmp_path):
+    """Rank 0 holds 1 group, rank 1 holds 3 (verl's dispatch does not promise equal shares of prompts): each
+    rank's w_i and advantages, the averaged gradient, S, V and lr equal the one-process step on the 4 groups,
+    and S, V, lr are identical on both ranks (N = 4 is the global count; either rank's own count, 1 or 3, or
+    twice it would scale c_i and N wrongly)."""
+    (m1, o1, c1), _ = h.pair("snr")
+    ro = h.sample_rollouts(m1, seed=21)
+    nat = h.native_step(m1, o1, c1, ro)
+    ranks = _two_ranks(tmp_path, ro, nat["grads"], split=[1, 3])
+    bounds = [(0, h.G), (h.G, h.N * h.G)]
+    for (a, b), out in zip(bounds, ranks):
+        assert len(out["w"]) == b - a
+        assert h.rel(torch.tensor(out["w"]), nat["w"][a:b]) < TOL
+        assert h.rel(torch.tensor(out["adv"]), nat["adv"][a:b]) < TOL
+        assert out["grad_rel_to_native"] < TOL
+        assert out["n"] == h.N
+        assert_stats_close(out, nat)
+        for k in ("S", "V", "lr"):
+            assert out[k] == ranks[0][k]
