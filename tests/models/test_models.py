@@ -278,3 +278,44 @@ def test_ensure_builtin_built_checks_the_cache_and_waits_for_local_rank_0(tmp_pa
         with pytest.raises(TimeoutError, match=f"rank 3 waited 0 s .* to build {what} into {tmp_path}/cache/models/"):
             ensure_builtin_built(name, distributed=True, local_rank=1, rank=3, timeout_s=0)
 
+
+
+def test_a_wait_on_a_build_lock_says_who_holds_it_and_since_when(tmp_path, monkeypatch):
+    """A second process reaching a built-in model's build lock while another builds: one line naming the holder's
+    pid and since when, repeated every LOCK_REPORT_EVERY_S while it waits; the holder's note is not erased by the
+    waiter opening the lock file, and the waiter writes its own once it holds the lock."""
+    import fcntl
+    import os
+    import threading
+    import time
+
+    import oblr.models as om
+
+    target = tmp_path / "models" / "tiny-arith-v1"
+    lock_file = target.parent / f".{target.name}.lock"
+    target.parent.mkdir(parents=True)
+    holder = open(lock_file, "a+")  # another open file description: flock blocks the waiter as another process
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    since = time.time() - 42
+    holder.write(f"4242 {since:.3f}\n")
+    holder.flush()
+    monkeypatch.setattr(om, "LOCK_REPORT_EVERY_S", 0.3)
+    lines, got = [], threading.Event()
+
+    def waiter():
+        with om._build_lock(target, say=lines.append):
+            got.set()
+            assert lock_file.read_text().split()[0] == str(os.getpid())
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(1.0)
+    assert not got.is_set()
+    fcntl.flock(holder, fcntl.LOCK_UN)
+    holder.close()
+    t.join(10)
+    assert got.is_set() and len(lines) >= 2  # the first line at once, then again while it waits
+    when = time.strftime("%H:%M:%S", time.localtime(since))
+    assert lines[0].startswith(f"waiting for tiny-arith-v1: process 4242 (since {when}, ")
+    assert f"holds its lock {lock_file}" in lines[0] and "waited" in lines[-1]
+    assert om.lock_holder(tmp_path / "nothing") == "another process"
