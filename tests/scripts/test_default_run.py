@@ -1,0 +1,34 @@
+"""benchmarks/default_run.py: the claim from per-seed results (mean, sample std), the table, and the verdicts
+of a new run (start accuracy identical for a measured seed; final accuracy within the spread of a new seed)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import default_run as dr
+
+
+def _res(start, final, g0=0.5, g1=0.55, wall=100.0):
+    return {"eval_accuracy_initial": start, "eval_accuracy_final": final, "eval_accuracy_greedy_initial": g0,
+            "eval_accuracy_greedy_final": g1, "wall_seconds": wall}
+
+
+def test_claim_and_verdicts_by_hand():
+    claim = dr.claim_from_runs({0: _res(0.17, 0.36), 1: _res(0.18, 0.38), 2: _res(0.19, 0.40)}, "ab" * 32, "c0ffee")
+    assert math.isclose(claim["final_sampled_mean"], 0.38) and math.isclose(claim["final_sampled_std"], 0.02)
+    half = 2 * 0.02 * math.sqrt(1 + 1 / 3)  # 0.0462: a new seed's spread around the mean of three
+    ok, lines = dr.verdict(claim, 1, _res(0.18, 0.38))
+    assert ok and "identical" in lines[0] and "within seed noise" in lines[1] and "identical" in lines[2]
+    ok, lines = dr.verdict(claim, 1, _res(0.181, 0.38))  # the same seed must start exactly where it did
+    assert not ok and "DIFFERENT" in lines[0]
+    ok, lines = dr.verdict(claim, 7, _res(0.2, 0.38 + half - 1e-9))  # an unseen seed: no start check
+    assert ok and len(lines) == 1
+    ok, lines = dr.verdict(claim, 7, _res(0.2, 0.38 - half - 1e-3))
+    assert not ok and "OUTSIDE" in lines[0]
+    table = dr.claim_table(claim)
+    assert "| 1 | 18.0% | 38.0% | 50.0% | 55.0% | 100 |" in table and "38.0% ± 2.0%" in table
+    assert dr.command(3, Path("/x"))[-5:] == ["train", "train.threads=1", "train.seed=3", "--output-dir", "/x"]
