@@ -1,17 +1,23 @@
 """Run folders: one process at a time (OS lock), a folder that never saved a checkpoint resumes from step
 0 with its own config (--resume-or-start; --resume refuses), a folder that is not a run folder is never
-written into, damaged last metrics records are kept aside and re-run, orphaned temporary checkpoints are
-removed on resume."""
+written into (not even one holding another program's config.yaml, metrics.jsonl or checkpoints/), every
+refusal names the next step (and the pid holding a locked folder) and following it works, damaged last
+metrics records are kept aside and re-run, orphaned temporary checkpoints are removed on resume."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
+import subprocess
+import sys
 
 import pytest
-from fault_helpers import rows, start, stop, train_args, train_rows, wait_for
+from fault_helpers import env, rows, start, stop, train_args, train_rows, wait_for
 
 from oblr.cli import main
+from oblr.config import Config
+from oblr.train.run_dir import is_run_folder, record_run
 
 
 def test_second_process_is_refused_while_the_first_runs_and_a_killed_run_leaves_no_lock(small_builtin, tmp_path,
@@ -65,10 +71,12 @@ def test_interrupted_before_its_first_checkpoint_resumes_from_step_0_with_its_sa
 
 
 def test_a_run_folder_without_a_checkpoint_and_no_rows_is_reusable(small_builtin, tmp_path):
+    """What a run that stopped (a late error) before it logged anything leaves: the config.yaml and code.json
+    it wrote when it started, an empty metrics.jsonl."""
     out = tmp_path / "run"
     out.mkdir()
-    (out / "config.yaml").write_text("train:\n  steps: 1\n")
-    (out / "metrics.jsonl").write_text("")  # a run that stopped (a late error) before it logged anything
+    record_run(out, Config(), 0, config=True)
+    (out / "metrics.jsonl").write_text("")
     assert main(train_args(small_builtin, out, 1, "train.eval_every=0")) == 0
     assert sorted(train_rows(out)) == [1]
 
@@ -97,6 +105,121 @@ def test_a_folder_that_is_not_a_run_folder_is_never_written_into(small_builtin, 
     assert err.count("\n") == 0 and "is not empty and is not an oblr run folder" in err, err
     assert "README.md, pyproject.toml, src" in err
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+def _snapshot(folder):
+    """Every path under ``folder`` with its bytes (None for a folder)."""
+    return {p.relative_to(folder): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))}
+
+
+# another program's files under the names an oblr run uses too; the config.yaml even reads as an oblr config
+LOOKALIKES = {
+    "config.yaml": {"config.yaml": "train:\n  steps: 100\n  seed: 3\nmodel:\n  name_or_path: gpt2\n"},
+    "metrics.jsonl": {"metrics.jsonl": '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n'},
+    "checkpoints": {"checkpoints/step_000100/model.pt": "weights", "checkpoints/step_000200/model.pt": "weights"},
+}
+
+
+@pytest.mark.parametrize("resume", [[], ["--resume"], ["--resume-or-start"]])
+@pytest.mark.parametrize("lookalike", sorted(LOOKALIKES))
+def test_another_programs_config_metrics_or_checkpoints_are_never_taken_for_a_run_folder(small_builtin, tmp_path,
+                                                                                        capsys, lookalike, resume):
+    """A folder holding only a config.yaml, a metrics.jsonl or a checkpoints/ of another program is not a run
+    folder (only oblr writes code.json): refused in one line naming the file and the next step, and nothing
+    in it is touched (before: its config.yaml was overwritten, its metrics were moved to
+    metrics.jsonl.restarted, or its step_N folders were pruned as oblr checkpoints)."""
+    out = tmp_path / "other"
+    for rel, text in LOOKALIKES[lookalike].items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+    before = _snapshot(out)
+    assert not is_run_folder(out)
+    assert main(train_args(small_builtin, out, 1, "train.eval_every=0") + resume) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not an oblr run folder" in err, err
+    assert f"it holds {lookalike}," in err and "choose another --output-dir" in err, err
+    assert _snapshot(out) == before
+
+
+def test_a_run_folder_is_recognised_by_its_code_record_and_an_old_one_by_its_checkpoints(small_builtin, tmp_path):
+    """A run folder is one oblr made: its code.json; one made before runs recorded their code, by its oblr
+    config.yaml and a checkpoint (LATEST naming a folder with trainer_state.pt); it resumes either way."""
+    out = tmp_path / "run"
+    args = train_args(small_builtin, out, 1, "train.eval_every=0")
+    assert main(args) == 0
+    assert is_run_folder(out)
+    (out / "code.json").unlink()  # as a folder written before code.json existed
+    assert is_run_folder(out)
+    (out / "checkpoints" / "LATEST").write_text("step_000099\n")  # a LATEST naming no oblr checkpoint
+    assert not is_run_folder(out)
+    (out / "checkpoints" / "LATEST").write_text("step_000001\n")
+    assert main(train_args(small_builtin, out, 2, "train.eval_every=0") + ["--resume"]) == 0
+    assert sorted(train_rows(out)) == [1, 2] and is_run_folder(out)
+
+
+def _hold_lock(folder):
+    """Another live process holding ``folder``'s run lock (as a running oblr train does); returns it."""
+    code = ("import sys; from pathlib import Path; from oblr.train.run_dir import lock_run_dir; "
+            "fh = lock_run_dir(Path(sys.argv[1])); print('locked', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env())
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def _half_made(small_builtin, out):
+    """A run folder whose run logged a step but saved no checkpoint (killed before its first save)."""
+    assert main(train_args(small_builtin, out, 1, "train.eval_every=0")) == 0
+    shutil.rmtree(out / "checkpoints")
+    (out / "summary.json").unlink()
+    assert train_rows(out)
+
+
+@pytest.mark.parametrize("state", ["empty", "half-made"])
+def test_a_folder_held_by_another_process_is_refused_naming_its_pid_in_every_mode(small_builtin, tmp_path, capsys,
+                                                                                   state):
+    """Plain, --resume and --resume-or-start on a folder another live process holds: each refusal names that
+    pid and one next step (a new run: another --output-dir; a resumption: the same command once it has
+    ended), never "pass --resume" / "nothing to resume" (before: only --resume-or-start named the pid)."""
+    out = tmp_path / "run"
+    if state == "half-made":
+        _half_made(small_builtin, out)
+    holder = _hold_lock(out)
+    try:
+        before = _snapshot(out)
+        for mode, then in [([], "choose another --output-dir for a new run"),
+                           (["--resume"], f"wait for pid {holder.pid} to end, then run this command again"),
+                           (["--resume-or-start"], f"wait for pid {holder.pid} to end, then run this command again")]:
+            assert main(train_args(small_builtin, out, 1, "train.eval_every=0") + mode) == 2, mode
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0 and f"is in use by another oblr process (pid {holder.pid})" in err, err
+            assert then in err and "nothing to resume" not in err and "pass --resume" not in err, err
+            assert _snapshot(out) == before
+    finally:
+        holder.communicate("")
+    # the holder has ended: the same --resume-or-start command now runs
+    assert main(train_args(small_builtin, out, 1, "train.eval_every=0") + ["--resume-or-start"]) == 0
+    assert sorted(train_rows(out)) == [1]
+
+
+def test_following_a_refusals_advice_never_leads_to_another_refusal(small_builtin, tmp_path, capsys):
+    """A folder whose run logged steps but saved no checkpoint: plain train and --resume both send the user
+    to --resume-or-start (before: plain said "pass --resume" and --resume said "nothing to resume"), which
+    runs; an empty folder: --resume sends the user to leave it out, which runs."""
+    out = tmp_path / "run"
+    _half_made(small_builtin, out)
+    for mode in ([], ["--resume"]):
+        assert main(train_args(small_builtin, out, 1, "train.eval_every=0") + mode) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "--resume-or-start starts it again from step 0" in err, err
+        assert "pass --resume " not in err, err
+    assert main(train_args(small_builtin, out, 1, "train.eval_every=0") + ["--resume-or-start"]) == 0
+    assert sorted(train_rows(out)) == [1] and (out / "metrics.jsonl.restarted").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(train_args(small_builtin, empty, 1, "train.eval_every=0") + ["--resume"]) == 2
+    assert "leave out --resume" in capsys.readouterr().err
+    assert main(train_args(small_builtin, empty, 1, "train.eval_every=0")) == 0
 
 
 @pytest.mark.parametrize("exists", [False, True])

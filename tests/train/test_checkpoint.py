@@ -49,12 +49,13 @@ def test_rng_state_roundtrip():
 
 
 
-def _state_only_checkpoints(run, steps):
-    """Checkpoints of ``steps`` holding only a trainer state (enough for the fallback logic), all kept."""
+def _state_only_checkpoints(run, steps, *, keep=None):
+    """Checkpoints of ``steps`` holding only a trainer state (enough for the fallback and pruning logic), saved
+    in order with ``keep`` (default: all kept)."""
     for step in steps:
         tmp = ckpt.begin_checkpoint(run, step)
         ckpt.write_state(tmp, step, _state())
-        ckpt.commit_checkpoint(run, step, tmp, keep=len(steps))
+        ckpt.commit_checkpoint(run, step, tmp, keep=keep or len(steps))
 
 
 def _truncate(run, step):
@@ -95,3 +96,58 @@ def test_fallback_when_latest_names_an_older_checkpoint_goes_on_newest_first(tmp
     assert ckpt.latest_checkpoint(tmp_path).name == "step_000004"
     _truncate(tmp_path, 4)
     assert ckpt.latest_checkpoint(tmp_path).name == "step_000003"
+
+
+def _names(run):
+    return sorted(p.name for p in (run / "checkpoints").iterdir())
+
+
+def test_pruning_keeps_the_new_checkpoint_over_higher_numbered_damaged_ones(tmp_path):
+    """Damaged step_3 and step_4 of an earlier attempt (not moved aside): a run that starts again saves step_1
+    and step_2 with keep=2 and keeps both (before: the two highest numbers were kept, the damaged ones, and
+    step_1, step_2 deleted); the folders of later steps belong to another trajectory and are left alone."""
+    _state_only_checkpoints(tmp_path, [3, 4])
+    _truncate(tmp_path, 3)
+    _truncate(tmp_path, 4)
+    _state_only_checkpoints(tmp_path, [1, 2], keep=2)
+    assert _names(tmp_path) == ["LATEST", "step_000001", "step_000002", "step_000003", "step_000004"]
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000002"
+    _state_only_checkpoints(tmp_path, [3], keep=2)  # step 3 again: replaces the damaged one, prunes step 1
+    assert _names(tmp_path) == ["LATEST", "step_000002", "step_000003", "step_000004"]
+
+
+def test_a_damaged_checkpoint_never_counts_as_one_of_the_kept(tmp_path):
+    """keep=2 with step_3 damaged: saving step 5 keeps step_5 and step_2 (the newest intact ones) and deletes
+    only what is older than step_2; the damaged step_3 stays until two intact ones follow it."""
+    _state_only_checkpoints(tmp_path, [1, 2, 3])
+    _truncate(tmp_path, 3)
+    _state_only_checkpoints(tmp_path, [5], keep=2)
+    assert _names(tmp_path) == ["LATEST", "step_000002", "step_000003", "step_000005"]
+    _state_only_checkpoints(tmp_path, [6], keep=2)
+    assert _names(tmp_path) == ["LATEST", "step_000005", "step_000006"]
+    _state_only_checkpoints(tmp_path, [7], keep=1)
+    assert _names(tmp_path) == ["LATEST", "step_000007"]
+
+
+def test_pruning_orders_checkpoints_by_step_not_by_name(tmp_path):
+    """step_1000000 has seven digits and sorts before step_999999 as text: after step_1000001, keep=2 keeps
+    it and deletes step_999999 (by name: step_1000000 deleted, or with step_999999 taken for the newer of the
+    two earlier ones, nothing)."""
+    _state_only_checkpoints(tmp_path, [999_999, 1_000_000, 1_000_001], keep=2)
+    assert _names(tmp_path) == ["LATEST", "step_1000000", "step_1000001"]
+
+
+def test_set_aside_moves_every_checkpoint_and_latest_out_of_sight(tmp_path):
+    _state_only_checkpoints(tmp_path, [3, 4])
+    _truncate(tmp_path, 4)
+    problems = ckpt.checkpoint_problems(tmp_path)
+    assert [(p.name, why is None) for p, why in problems] == [("step_000004", False), ("step_000003", True)]
+    _truncate(tmp_path, 3)
+    line = ckpt.all_damaged_line(ckpt.checkpoint_problems(tmp_path))
+    assert line.startswith("2 checkpoints, all damaged (step_000004: trainer_state.pt has 10 bytes"), line
+    dest = ckpt.set_aside_checkpoints(tmp_path, "20990101-000000")
+    assert dest == tmp_path / "checkpoints" / "damaged-20990101-000000"
+    assert sorted(p.name for p in dest.iterdir()) == ["LATEST", "step_000003", "step_000004"]
+    assert _names(tmp_path) == ["damaged-20990101-000000"]
+    assert ckpt.checkpoint_folders(tmp_path) == [] and ckpt.latest_checkpoint(tmp_path) is None
+    assert ckpt.set_aside_checkpoints(tmp_path, "20990101-000000") is None  # nothing left to move

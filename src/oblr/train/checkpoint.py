@@ -12,7 +12,10 @@ is replaced atomically afterwards. A crash or a kill at any point leaves the pre
 and LATEST pointing at a complete one; a crash mid-write leaves a hidden ``.step_*.tmp<pid>`` folder that
 :func:`remove_orphans` deletes on the next start. On load, :func:`latest_checkpoint` checks each candidate
 against its manifest (sizes; ``deep=True`` also hashes) and falls back to the newest intact one, naming
-the damaged ones. The state saved carries the RNG state passed in (the trainer's, from the end of the last
+the damaged ones. After a save, :func:`prune_checkpoints` keeps the new checkpoint and the newest intact
+ones before it (never a damaged one in their place, never a folder of a later step, which belongs to an
+abandoned trajectory); when a run starts again because every checkpoint is damaged, :func:`set_aside_checkpoints`
+moves them into ``checkpoints/damaged-<time>/`` first. The state saved carries the RNG state passed in (the trainer's, from the end of the last
 completed step), so a checkpoint written after an interrupt resumes the uninterrupted trajectory. A
 checkpoint folder is itself a Hugging Face checkpoint, so ``oblr eval --model run/checkpoints/step_000020``
 works.
@@ -158,10 +161,65 @@ def commit_checkpoint(run_dir: str | Path, step: int, tmp: Path, *, keep: int = 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     write_text_atomic(ckpt_root / "LATEST", name + "\n")
-    complete = sorted(p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith("step_"))
-    for old in complete[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune_checkpoints(ckpt_root, final, keep)
     return final
+
+
+def checkpoint_folders(run_dir: str | Path) -> list[Path]:
+    """The checkpoint folders ``checkpoints/step_N`` of a run, newest (highest step) first, intact or not."""
+    root = Path(run_dir) / "checkpoints"
+    found = [p for p in root.glob("step_*") if p.is_dir() and checkpoint_step(p) >= 0] if root.is_dir() else []
+    return sorted(found, key=checkpoint_step, reverse=True)
+
+
+def prune_checkpoints(ckpt_root: Path, current: Path, keep: int) -> list[str]:
+    """After ``current`` was saved: keep it and the ``keep - 1`` newest intact checkpoints of earlier steps,
+    delete every checkpoint folder older than the oldest one kept; returns the names deleted. Not counted and
+    not deleted: a damaged folder newer than that (it goes once enough intact ones follow it), and any folder
+    of a step after ``current``'s (another trajectory: the run restarted or resumed from an earlier
+    checkpoint). With fewer than ``keep`` intact checkpoints nothing is deleted."""
+    at = checkpoint_step(current)
+    earlier = [p for p in checkpoint_folders(Path(ckpt_root).parent) if checkpoint_step(p) < at]
+    kept = [current] + [p for p in earlier if checkpoint_problem(p) is None][: max(keep - 1, 0)]
+    if len(kept) < keep:
+        return []
+    oldest = checkpoint_step(kept[-1])
+    gone = [p for p in earlier if checkpoint_step(p) < oldest]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return [p.name for p in gone]
+
+
+def checkpoint_problems(run_dir: str | Path, *, deep: bool = False) -> list[tuple[Path, str | None]]:
+    """``(folder, problem or None)`` for every checkpoint folder of a run, newest first."""
+    return [(p, checkpoint_problem(p, deep=deep)) for p in checkpoint_folders(run_dir)]
+
+
+def all_damaged_line(problems: list[tuple[Path, str | None]]) -> str:
+    """``"2 checkpoints, all damaged (step_000010: ...; step_000009: ...)"`` (the first three named)."""
+    shown = "; ".join(f"{p.name}: {why}" for p, why in problems[:3])
+    more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+    return f"{len(problems)} checkpoint{'s' if len(problems) != 1 else ''}, all damaged ({shown}{more})"
+
+
+def set_aside_checkpoints(run_dir: str | Path, stamp: str) -> Path | None:
+    """Move every checkpoint folder of a run and its ``LATEST`` into ``checkpoints/damaged-<stamp>/`` (a
+    run that starts again because none of them is intact: nothing is deleted, and neither resuming nor
+    pruning sees them there). Returns that folder, or None when there was nothing to move. Only call it
+    while holding the run folder's lock."""
+    root = Path(run_dir) / "checkpoints"
+    folders = checkpoint_folders(run_dir)
+    if not folders:
+        return None
+    dest, k = root / f"damaged-{stamp}", 1
+    while dest.exists():
+        k += 1
+        dest = root / f"damaged-{stamp}-{k}"
+    dest.mkdir()
+    for p in folders + ([root / "LATEST"] if (root / "LATEST").is_file() else []):
+        os.replace(p, dest / p.name)
+    _fsync_dir(root)
+    return dest
 
 
 def write_state(folder: Path, step: int, state: dict) -> None:

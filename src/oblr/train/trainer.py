@@ -80,7 +80,7 @@ class Trainer:
     def run(self) -> dict:
         wall0 = time.perf_counter()
         # rank 0 owns the folder: held until the run ends; the kernel frees it if the process dies
-        lock = rundir.lock_run_dir(self.run_dir) if self.dist.is_main else None
+        lock = rundir.lock_run_dir(self.run_dir, resume=self.resume) if self.dist.is_main else None
         self._release_hold = None
         try:
             with sigterm_as_interrupt():  # SIGTERM takes Ctrl-C's path: last completed step saved, summary written
@@ -404,8 +404,8 @@ class Trainer:
         path = rundir.resume_point(self.run_dir, self._warn) if main else None
         path = broadcast_object(None if path is None else str(path))
         if path is None:
-            rundir.start_over(self.run_dir, or_start=self.or_start, main=main)
-            self._log(f"no checkpoint in {self.run_dir}; starting from step 0 (--resume-or-start)")
+            said = rundir.start_over(self.run_dir, or_start=self.or_start, main=main)  # damaged ones moved aside
+            (self._warn if said.startswith("warning:") else self._log)(said)
             return False
         state = ckpt.restore_state(Path(path), self.parallel, self.model, self.optimizer, self.lr_ctrl, self.dist,
                                    self._warn)
