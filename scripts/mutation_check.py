@@ -172,6 +172,24 @@ M = [
     # issue 39: schedules, TRL and verl adapters, task checkers
     # ISSUE39-ADAPTERS (entries are added above this line)
     # issue 39: run folders and checkpoints
+    ("checkpoint pruning keeps one intact checkpoint too few", "checkpoints kept after a save",
+     "src/oblr/train/checkpoint.py", "[: max(keep - 1, 0)]", "[: max(keep - 2, 0)]",
+     ["tests/train/test_checkpoint.py"]),
+    ("checkpoint pruning counts damaged checkpoints among the kept", "checkpoints kept after a save (damaged)",
+     "src/oblr/train/checkpoint.py", "[p for p in earlier if checkpoint_problem(p) is None]",
+     "[p for p in earlier]", ["tests/train/test_checkpoint.py"]),
+    ("checkpoint folders ordered by name, not by step", "checkpoints kept after a save (step 10^6)",
+     "src/oblr/train/checkpoint.py", "return sorted(found, key=checkpoint_step, reverse=True)",
+     "return sorted(found, reverse=True)", ["tests/train/test_checkpoint.py"]),
+    ("run folder recognised by a config.yaml alone (code.json check skipped)", "run-folder recognition",
+     "src/oblr/train/run_dir.py", "if not names or is_run_folder(run_dir):",
+     'if not names or "config.yaml" in names:', ["tests/faults/test_run_folder.py"]),
+    ("damaged checkpoints not moved aside when a run starts again", "checkpoints of a restarted run",
+     "src/oblr/train/run_dir.py", 'aside = set_aside_checkpoints(run_dir, datetime.now().strftime("%Y%m%d-%H%M%S"))',
+     "aside = None", ["tests/faults/test_damaged_files.py"]),
+    ("run folder's lock holder not asked before its contents are judged", "refusal of a locked run folder",
+     "src/oblr/train/run_dir.py", "owner = lock_holder(run_dir) if check_lock else None", "owner = None",
+     ["tests/faults/test_run_folder.py"]),
     # ISSUE39-RUNFOLDERS (entries are added above this line)
 ]
 
