@@ -170,6 +170,59 @@ M = [
      "        per_layer += a\n        inputs[key] = x\n", ["tests/core/test_memory_model.py"]),
     # ISSUE39-ENGINES (entries are added above this line)
     # issue 39: schedules, TRL and verl adapters, task checkers
+    ("snr lr floored after the warm-up, not before", "snr lr: warm-up with a binding floor", "src/oblr/snr.py",
+     "self._last_lr = [warm * max(self.eta_min, e * factor) for e in self.eta_max]",
+     "self._last_lr = [max(self.eta_min, warm * e * factor) for e in self.eta_max]",
+     ["tests/core/test_schedules.py", "tests/core/test_snr.py"]),
+    ("cosine decays over total_steps, not the steps after the warm-up", "cosine lr with warm-up", "src/oblr/schedules.py",
+     "span = max(1, self.total_steps - self.warmup_steps)", "span = max(1, self.total_steps)",
+     ["tests/core/test_schedules.py", "tests/core/test_snr.py"]),
+    ("snr schedule averages the clamped S, not the signal", "snr lr (EMA)", "src/oblr/schedules.py",
+     "self.inner.step(stats.signal, stats.V, stats.n)", "self.inner.step(stats.S, stats.V, stats.n)",
+     ["tests/core/test_schedules.py", "tests/core/test_snr.py"]),
+    ("auto lr floored after the warm-up, not before", "auto lr: warm-up with a binding floor", "src/oblr/step_scale.py",
+     "self._applied = warm * max(self.eta_min, lr)", "self._applied = max(self.eta_min, warm * lr)",
+     ["tests/core/test_step_scale.py"]),
+    ("auto measures the last step at its unwarmed, unfloored lr", "auto lr: d and h under warm-up or floor",
+     "src/oblr/step_scale.py", '"lr": self._applied, "clip": clip', '"lr": self.lr, "clip": clip',
+     ["tests/core/test_step_scale.py"]),
+    ("auto state without its step count (the warm-up restarts on resume)", "auto lr controller state (warm-up)",
+     "src/oblr/step_scale.py", '"max_change", "t", "prev",', '"max_change", "prev",', ["tests/core/test_step_scale.py"]),
+    ("TRL schedule state not restored from a checkpoint", "TRL lr controller state on resume",
+     "src/oblr/integrations/trl/trainer.py",
+     "    def load_state_dict(self, state: dict) -> None:\n        self.controller.load_state_dict(state)",
+     "    def load_state_dict(self, state: dict) -> None:\n        return None",
+     ["tests/integrations/test_trl_resume.py", "tests/integrations/test_trl_schedule.py"]),
+    ("TRL warm-up steps not passed to the schedule", "TRL lr with warm-up", "src/oblr/integrations/trl/trainer.py",
+     "warmup_steps=a.get_warmup_steps(num_training_steps)", "warmup_steps=0",
+     ["tests/integrations/test_trl_resume.py", "tests/integrations/test_trl_schedule.py"]),
+    ("TRL EMA factor not passed to the schedule", "TRL lr (EMA)", "src/oblr/integrations/trl/trainer.py",
+     "eta_min=a.oblr_eta_min, ema=a.oblr_snr_ema,", "eta_min=a.oblr_eta_min, ema=0.0,",
+     ["tests/integrations/test_trl_resume.py", "tests/integrations/test_trl_schedule.py"]),
+    ("verl norm pass takes the attention mask's tail as the response mask", "verl w_i, gradient (tool output)",
+     "src/oblr/integrations/verl/actor.py", 'rm[:, -R:] = b["response_mask"].to(am.dtype)', "rm[:, -R:] = am[:, -R:]",
+     ["tests/integrations/verl/test_verl_actor_step.py"]),
+    ("verl norm pass assumes equal prompt counts on every rank", "verl N and c_i (unequal ranks)",
+     "src/oblr/integrations/verl/actor.py",
+     "n_total = int(_all_sum(torch.tensor([n_local], dtype=torch.float64, device=dev), group)[0])",
+     "n_total = n_local * (group.size() if group is not None else 1)",
+     ["tests/integrations/verl/test_verl_actor_step.py"]),
+    ("verl loss factor c_i from the rank's rows, not the global batch", "verl c_i (global batch)",
+     "src/oblr/integrations/verl/loss.py",
+     "totals = BatchTotals(int(gbs) if gbs is not None else int(mask.shape[0]), mask.sum(), width)",
+     "totals = BatchTotals(int(mask.shape[0]), mask.sum(), width)",
+     ["tests/integrations/verl/test_verl_actor_step.py", "tests/integrations/verl/test_verl_registered.py"]),
+    ("arithmetic answer with a '+' sign refused", "arithmetic reward ('+' sign)", "src/oblr/tasks/arithmetic.py",
+     '_FINAL_RE = re.compile(r"####[ \\t]*([+-]?[0-9]{1,30})\\s*\\Z")',
+     '_FINAL_RE = re.compile(r"####[ \\t]*(-?[0-9]{1,30})\\s*\\Z")', ["tests/tasks/test_arithmetic.py"]),
+    ("arithmetic answer: at most one space after ####", "arithmetic reward (whitespace)", "src/oblr/tasks/arithmetic.py",
+     '_FINAL_RE = re.compile(r"####[ \\t]*([+-]?[0-9]{1,30})\\s*\\Z")',
+     '_FINAL_RE = re.compile(r"#### ?([+-]?[0-9]{1,30})\\s*\\Z")', ["tests/tasks/test_arithmetic.py"]),
+    ("countdown depth not decremented after ')' (sibling groups add up)", "countdown reward (parentheses)",
+     "src/oblr/tasks/countdown.py", "            self.take()\n            self.depth -= 1\n", "            self.take()\n",
+     ["tests/tasks/test_countdown.py"]),
+    ("word problem 'times as many' keyed as a*b + b", "word_problems answer key", "src/oblr/tasks/word_problems.py",
+     '[(a, "*", b), (a, "+", a * b)]', '[(a, "*", b), (a * b, "+", b)]', ["tests/tasks/test_word_problems.py"]),
     # ISSUE39-ADAPTERS (entries are added above this line)
     # issue 39: run folders and checkpoints
     ("checkpoint pruning keeps one intact checkpoint too few", "checkpoints kept after a save",
@@ -288,8 +341,11 @@ def main(argv=None):
         ap.error("no mutation selected")
     data_dir = Path(os.environ.get("OBLR_DATA_DIR") or repo.parent / "shared" / "data")
     out = Path(a.out)
+    # pytest runs in the scratch copy: a relative PYTHON (.venv/bin/python) is made absolute here (not resolved:
+    # a venv's python is a symlink whose target is the base interpreter, without the venv's packages)
+    py = os.path.abspath(a.python) if os.sep in a.python else a.python
     for m in chosen:
-        rec = run_one(repo, a.python, m, data_dir=data_dir, suite=not (a.no_suite or a.own_tests),
+        rec = run_one(repo, py, m, data_dir=data_dir, suite=not (a.no_suite or a.own_tests),
                       common=not a.own_tests)
         if rec is None:
             continue
