@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import statistics
 import subprocess
 import sys
@@ -59,6 +58,17 @@ def run_one(seed: int, out_dir: Path, log) -> dict:
         f"greedy {summary['eval_accuracy_greedy_initial']:.1%} -> {summary['eval_accuracy_greedy_final']:.1%} "
         f"({time.time() - t0:.0f} s)")
     return {k: summary[k] for k in KEYS}
+
+
+def keep(run: Path, dst: Path) -> None:
+    """Copy a run's ``config.yaml`` and ``summary.json`` to ``dst``, their paths rewritten from the temporary
+    run folder to ``dst`` (relative to the repository when inside it), so no machine's path is kept."""
+    dst.mkdir(parents=True, exist_ok=True)
+    where = dst.resolve()
+    where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
+    for name in ("config.yaml", "summary.json"):
+        text = (run / name).read_text(encoding="utf-8")
+        (dst / name).write_text(text.replace(str(run), str(where)), encoding="utf-8")
 
 
 def spread(values: list[float]) -> tuple[float, float]:
@@ -149,10 +159,7 @@ def main(argv=None) -> int:
             futs = {k: pool.submit(run_one, k, Path(tmp) / f"seed{k}", log) for k in args.seeds}
             per_seed = {k: f.result() for k, f in futs.items()}
             for k in args.seeds:  # keep the configuration and result of each run
-                dst = args.out / f"seed{k}"
-                dst.mkdir(exist_ok=True)
-                for name in ("config.yaml", "summary.json"):
-                    shutil.copy(Path(tmp) / f"seed{k}" / name, dst / name)
+                keep(Path(tmp) / f"seed{k}", args.out / f"seed{k}")
         claim = claim_from_runs(per_seed, _model_sha(), _commit())
         (args.out / "claim.json").write_text(json.dumps(claim, indent=2) + "\n")
         (args.out / "claim.md").write_text(f"`{claim['command']}` (commit {claim['commit']}, built-in model "

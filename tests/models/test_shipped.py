@@ -122,7 +122,7 @@ def test_the_shipped_models_start_accuracy_is_reproduced_exactly(name, monkeypat
     import torch
 
     from oblr.models import load_model_and_tokenizer
-    from oblr.models.builtin import N_MEASURE, N_TRAIN, BUILTIN_TASK, measure_accuracy
+    from oblr.models.builtin import BUILTIN_TASK, N_MEASURE, N_TRAIN, measure_accuracy
     from oblr.models.task_builtins import spec_of
     from oblr.tasks import get_task
     from oblr.tasks.arithmetic import arithmetic_task
