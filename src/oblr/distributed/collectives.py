@@ -23,7 +23,7 @@ from oblr.losses import BatchTotals
 from oblr.params import sq_norm_sum
 
 from .env import is_distributed
-from .parallel import DEFAULT_BUCKET_MB
+from .defaults import DEFAULT_BUCKET_MB
 
 #: metrics that are sums over the batch (summed over ranks); keys ending in "count" are sums too
 SUM_METRICS = frozenset({"optim/loss"})

@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from .collectives import DEFAULT_BUCKET_MB
+from .defaults import DEFAULT_BUCKET_MB
 from .env import DistributedSetupError, is_distributed
 from .meta_init import is_empty, materialize
 

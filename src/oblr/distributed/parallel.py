@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from oblr.checks import Range
 from oblr.registry import Registry
 
+from .defaults import DEFAULT_BUCKET_MB
+
 if TYPE_CHECKING:  # annotations only: importing this module does not import torch
     from torch import nn
 
     from .fsdp import ShardedGradSink
 
-
-DEFAULT_BUCKET_MB = 25.0  # torch DDP's default bucket size (gradients reduced per all-reduce)
 
 PARALLEL = Registry("distributed strategy")
 
