@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 from oblr.checks import INT_MAX, Range
-from oblr.rollout import RolloutBatch, register_engine
+from oblr.rollout.base import RolloutBatch, register_engine
 
 if TYPE_CHECKING:  # annotations only: importing this module does not import torch
     import torch

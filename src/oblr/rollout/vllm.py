@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 from oblr.checks import INT_MAX, Range
-from oblr.rollout import RolloutBatch, register_engine
+from oblr.rollout.base import RolloutBatch, register_engine
 from oblr.rollout.hf import assemble_batch, check_generate_args, encode_prompts, special_ids
 
 if TYPE_CHECKING:  # annotations only: importing this module does not import torch
