@@ -22,8 +22,8 @@ from torch.distributed.tensor import DTensor
 from oblr.losses import BatchTotals
 from oblr.params import sq_norm_sum
 
-from .env import is_distributed
 from .defaults import DEFAULT_BUCKET_MB
+from .env import is_distributed
 
 #: metrics that are sums over the batch (summed over ranks); keys ending in "count" are sums too
 SUM_METRICS = frozenset({"optim/loss"})
