@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 
 from oblr import memory_model as mm
 from oblr.checks import ConfigError
+from oblr.config import uses_exact_norms
 from oblr.registry import Registry
 
 GB = 10**9
@@ -250,89 +251,6 @@ def choose_plan(shape: mm.Shape, *, budget_bytes: float, exact_norms: bool, allo
                 peak_bytes=peak(e, g), resident_bytes=resident_bytes, budget_bytes=int(budget_bytes),
                 budget_source=budget_source, logit_chunk=logit_chunk,
                 checkpointed_engine=e if CHECKPOINTED[e] and exact_norms else "two_pass")
-
-
-def uses_exact_norms(cfg) -> bool:
-    """Whether a step of ``cfg`` takes the book-keeping path (exact weights, or S and V for the schedule or
-    ``algorithm.track_snr``) -- the one the exact-norm engines serve (:mod:`oblr.update`)."""
-    from oblr.estimators import get_estimator
-    from oblr.schedules import SCHEDULES
-
-    a = cfg.algorithm
-    return (get_estimator(a.baseline).weights == "exact" or a.track_snr
-            or bool(getattr(SCHEDULES.get(a.lr_schedule), "needs_snr", False)))
-
-
-def config_problems(cfg) -> list[tuple[str, str]]:
-    """``[(key, problem)]`` of the planning keys that need no model (called by :func:`oblr.config.validate`
-    once ``algorithm.memory_plan`` is a registered name)."""
-    a, out = cfg.algorithm, []
-    plan, budget = a.memory_plan, a.memory_budget_gb
-    if a.checkpointed_engine == "recompute" and a.norms_method == "loop":
-        out.append(("algorithm.checkpointed_engine", "'recompute' is not used with algorithm.norms_method=loop: the "
-                    "loop reference runs one backward per sequence on the one-pass engine; set norms_method=auto "
-                    "(or ghost / materialize), or leave this key at two_pass"))
-    if plan == "none":
-        if budget is not None and budget > 0:  # a budget out of range is reported by its range
-            out.append(("algorithm.memory_budget_gb", f"a budget ({budget:g} GB) is set but algorithm.memory_plan is "
-                        "'none'; set algorithm.memory_plan=auto (or one_pass / recompute / two_pass) to plan under "
-                        "it"))
-        if a.checkpointed_engine != "two_pass" and not cfg.model.activation_checkpointing:
-            out.append(("algorithm.checkpointed_engine", f"{a.checkpointed_engine!r} is the engine used with "
-                        "activation checkpointing, but model.activation_checkpointing is false; set it true (or "
-                        f"algorithm.memory_plan={a.checkpointed_engine}), or leave this key at two_pass"))
-        return out + chunk_problems(cfg)
-    if plan in ("one_pass", "recompute", "two_pass"):
-        try:
-            exact = uses_exact_norms(cfg)
-        except (KeyError, ValueError):  # an unknown baseline or schedule is reported on its own
-            exact = True
-        if not exact:
-            out.append(("algorithm.memory_plan", f"{plan!r} chooses an exact-norm engine, but baseline "
-                        f"{a.baseline!r} with lr_schedule {a.lr_schedule!r} computes no exact norms; use "
-                        "memory_plan=auto (it then chooses the micro-batch) and set model.activation_checkpointing"))
-    if plan == "one_pass" and cfg.model.activation_checkpointing:
-        out.append(("algorithm.memory_plan", "'one_pass' keeps every layer's activations, but "
-                    "model.activation_checkpointing is true; use recompute, two_pass or auto, or turn checkpointing "
-                    "off"))
-    if plan == "recompute" and a.norms_method != "auto":
-        out.append(("algorithm.memory_plan", f"'recompute' is priced for algorithm.norms_method=auto (which keeps "
-                    f"per-row gradients where they are smaller than their factors); with {a.norms_method!r} it "
-                    "keeps every weight's factors, which the memory model does not price; use norms_method=auto, "
-                    "or memory_plan two_pass"))
-    if plan in ("auto", "one_pass", "recompute", "two_pass") and a.checkpointed_engine not in ("two_pass", plan):
-        out.append(("algorithm.checkpointed_engine", f"{a.checkpointed_engine!r} contradicts algorithm.memory_plan "
-                    f"{plan!r}, which sets the engine itself; leave this key at two_pass"
-                    + (f" (or set memory_plan={a.checkpointed_engine} to use that engine)" if plan == "auto" else "")))
-    return out + chunk_problems(cfg)
-
-
-def chunk_problems(cfg) -> list[tuple[str, str]]:
-    """``[(key, problem)]`` of ``model.logit_chunk_tokens`` against the other keys (no model needed)."""
-    from oblr.estimators import get_estimator
-
-    a, m = cfg.algorithm, cfg.model
-    if not m.logit_chunk_tokens:
-        return []
-    key = "model.logit_chunk_tokens"
-    try:
-        exact, weights = uses_exact_norms(cfg), get_estimator(a.baseline).weights
-    except (KeyError, ValueError):  # an unknown baseline or schedule is reported on its own
-        return []
-    if weights == "logit_energy":
-        return [(key, f"baseline {a.baseline!r} weighs outputs by their whole logits, which chunking never "
-                 "holds; set it to 0")]
-    if exact and a.norms_method == "loop":
-        return [(key, "the loop reference (algorithm.norms_method=loop) runs on the one-pass engine, and chunked "
-                 "logits need the two-pass engine; use another norms_method, or set it to 0")]
-    if exact and a.memory_plan == "one_pass":
-        return [(key, "chunked logits need a checkpointed engine (the one-pass engine keeps every chunk's logit "
-                 "gradients anyway); use algorithm.memory_plan recompute, two_pass or auto, or set it to 0")]
-    if exact and not m.activation_checkpointing and a.memory_plan not in ("recompute", "two_pass", "auto"):
-        return [(key, "with exact norms chunked logits need a checkpointed engine: set "
-                 "model.activation_checkpointing=true (or algorithm.memory_plan recompute / two_pass / auto), or set "
-                 "it to 0")]
-    return []
 
 
 # ------------------------------------------------------------------------------ at the start of a run
