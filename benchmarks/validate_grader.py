@@ -5,7 +5,7 @@
 
 1. the hand-labelled sets (oblr.grading.labelled): near misses, equivalent forms, answer formats (math),
    number forms (GSM8K) -- agreement with the human verdicts;
-2. every row of every built-in set (oblr.grading.validate): gold answers in several written forms, the
+2. every row of every built-in set (oblr.tasks.grader_validation): gold answers in several written forms, the
    sets' own worked solutions, a neighbouring row's solution (expected wrong), equivalent rewrites.
 
 Prints agreement per set and case type and every miss. With ``--doc FILE`` the same tables, the run's
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from oblr.grading import GraderPool
-from oblr.grading.validate import INFO, REQUIRED, run_labelled, run_validation
+from oblr.tasks.grader_validation import INFO, REQUIRED, run_labelled, run_validation
 
 BEGIN, END = "<!-- validate_grader: begin -->", "<!-- validate_grader: end -->"
 
@@ -46,7 +46,7 @@ def _markdown(labelled: dict, res: dict, setting: str) -> str:
 
     kinds = {name: kind for name, (kind, _) in labelled_sets().items()}
     out += [f"| {name} | {kinds[name]} | {n} | {c} | {100 * c / n:.2f} % |" for name, _, n, c in _rows(labelled)]
-    out += ["", "Built-in sets (`oblr.grading.validate`, every row; types in the list above the table):", "",
+    out += ["", "Built-in sets (`oblr.tasks.grader_validation`, every row; types in the list above the table):", "",
             "| set | case type | cases | graded as expected | agreement |", "|---|---|---|---|---|"]
     out += [f"| {name} | {t}{'' if t in REQUIRED else ' (stress)' if t == 'answer~form' else ' (info)'} | {n} | "
             f"{c} | {100 * c / n:.2f} % |" for name, t, n, c in _rows(res)]

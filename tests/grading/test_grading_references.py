@@ -17,7 +17,7 @@ import random
 import pytest
 
 from oblr.grading import GraderPool
-from oblr.grading.validate import SOLUTION_SETS, case_type, gold_cases, grade_cases
+from oblr.tasks.grader_validation import SOLUTION_SETS, case_type, gold_cases, grade_cases
 from oblr.tasks.loaders import BENCHMARKS
 
 NEIGHBOURS = 100

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from oblr.grading import GraderPool
-from oblr.grading.validate import STRESS, case_type, gold_cases, run_validation
+from oblr.tasks.grader_validation import STRESS, case_type, gold_cases, run_validation
 from oblr.tasks.loaders import BENCHMARKS
 
 ANSWERS = ("answer", "answer+unit")

@@ -1,5 +1,8 @@
 """Grader validation: the built-in sets' own answers and solutions, and the hand-labelled sets.
 
+It lives in :mod:`oblr.tasks` because it reads the sets (:mod:`oblr.tasks.loaders`), which sit above the
+grader they check (:mod:`oblr.grading`).
+
 :func:`gold_cases` builds, for every row of a benchmark, responses whose verdict is known (case types):
 
 - ``answer``: the gold answer as a perfect model writes it: ``\\boxed{}`` (math kind), "The answer is N."
