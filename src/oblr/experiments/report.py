@@ -1,6 +1,7 @@
 """Reports from run folders: the figures of one run, and ``oblr report`` over many.
 
-- :func:`plot_run` -- PNG figures of one run into ``run_dir/plots/`` (the trainer calls it at the end);
+- :func:`plot_run` -- PNG figures of one run into ``run_dir/plots/`` (:mod:`oblr.tracking.plots`, where the
+  trainer calls it from at the end; exported here too);
 - :func:`find_run_dirs`, :func:`variant_label`, :func:`build_report` -- per-run plots plus the comparison
   of :func:`oblr.experiments.compare.compare_runs` (tables and seed bands) from run folders alone. A row
   averages runs of one setting only: runs of one label whose settings (:func:`run_settings`: config.yaml
@@ -14,14 +15,11 @@ Per-run statistics are :func:`oblr.experiments.compare.run_stats`, built on :mod
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import numpy as np
-
 from oblr.experiments.grid import GRID_FILE, IGNORED_FOR_MATCH
-from oblr.experiments.stats import load_run, run_config, run_label, series, split_by_settings
-from oblr.tracking.plots import PALETTE, Panel, log_scale_ok, new_figure, prepare_log, save_png
+from oblr.experiments.stats import run_config, run_label, split_by_settings
+from oblr.tracking.plots import RUN_PLOTS, plot_run
 
 __all__ = ["RUN_PLOTS", "SETTINGS_IGNORED", "build_report", "default_report_dir", "find_run_dirs", "plot_run",
            "run_settings", "variant_label"]
@@ -29,98 +27,6 @@ __all__ = ["RUN_PLOTS", "SETTINGS_IGNORED", "build_report", "default_report_dir"
 # keys left out when runs are matched by their settings: the seed (what a row averages over), the output
 # folder and the keys that do not change a run's numbers (as when oblr compare reuses a run)
 SETTINGS_IGNORED = IGNORED_FOR_MATCH | {"train.seed", "seed"}
-
-# name -> (title, panels). Keys follow docs/architecture.md.
-RUN_PLOTS: dict[str, tuple[str, tuple[Panel, ...]]] = {
-    "reward": ("Training reward", (
-        Panel(("train/reward_mean", "train/pass_rate", "train/pass_at_g"), "reward / share"),
-        Panel(("train/all_equal_share",), "groups with equal rewards"),
-    )),
-    "eval_accuracy": ("Held-out accuracy", (
-        Panel(("eval/accuracy_sampled", "eval/accuracy_greedy"), "accuracy", markers=True),
-    )),
-    "lr_snr": ("Learning rate and gradient signal-to-noise", (
-        Panel(("optim/lr", "snr/lr"), "learning rate"),
-        Panel(("snr/snr", "snr/n_snr"), "SNR", log=True),
-        Panel(("snr/S", "snr/V"), "S, V", log=True),
-        Panel(("snr/factor",), "S / (S + V/N)", log=True),
-    )),
-    "grad_norm": ("Gradient norms and sequence weights", (
-        Panel(("optim/grad_norm",), "grad norm (before clip)", log=True),
-        Panel(("weights/mean", "weights/std"), "w_i = ||s_i||^2", log=True),
-        Panel(("weights/cv_within_group", "weights/max_over_mean"), "spread of w"),
-    )),
-    "advantages": ("Baselines and advantages", (
-        Panel(("adv/var_across_prompts",), "advantage variance across prompts"),
-        Panel(("adv/mean", "adv/std"), "advantage"),
-        Panel(("baseline/fallback_count",), "baseline fallbacks"),
-    )),
-    "response": ("Responses", (
-        Panel(("train/response_length_mean", "train/response_length_max", "eval/response_length_mean"),
-              "tokens"),
-        Panel(("train/entropy",), "entropy (nats/token)"),
-        Panel(("train/truncated_share",), "truncated share"),
-    )),
-    "time": ("Time per phase", (
-        Panel(("time/generate", "time/score", "time/norms", "time/update", "time/eval", "time/step"),
-              "seconds"),
-    )),
-}
-
-
-def _draw_panel(ax, rows: list[dict], panel: Panel) -> bool:
-    """Draw every present key of ``panel``; False when none had a finite value."""
-    drawn = []
-    for i, key in enumerate(panel.keys):
-        steps, vals = series(rows, key)
-        if not np.isfinite(vals).any():
-            continue
-        drawn.append((key, steps, vals, PALETTE[i % len(PALETTE)]))
-    if not drawn:
-        return False
-    use_log = panel.log and log_scale_ok([v for _, _, v, _ in drawn])
-    for key, steps, vals, color in drawn:
-        if use_log:
-            vals = prepare_log(vals)
-        sparse = panel.markers or np.isfinite(vals).sum() <= 30
-        ax.plot(steps, vals, color=color, label=key, lw=1.4, marker="o" if sparse else None, ms=3.5)
-    if use_log:
-        ax.set_yscale("log")
-    ax.set_ylabel(panel.ylabel)
-    ax.legend(loc="best", fontsize=8, frameon=False)
-    return True
-
-
-def _mark_skipped(ax, rows: list[dict]) -> None:
-    steps, vals = series(rows, "optim/skipped")
-    for s in steps[np.nan_to_num(vals) > 0]:
-        ax.axvline(s, color="#d62728", alpha=0.25, lw=1)
-
-
-def plot_run(run_dir: str | os.PathLike, *, out_dir: str | os.PathLike | None = None) -> list[Path]:
-    """Write one PNG per entry of :data:`RUN_PLOTS` whose keys the run logged; returns the paths.
-
-    Output: ``run_dir/plots/<name>.png`` (or ``out_dir``). Panels without data are left out; a figure with
-    no panel left is not written. Skipped optimizer steps (``optim/skipped``) are shaded red on the
-    gradient-norm figure. Log-scale panels (used when the data span a decade) show non-positive values as gaps.
-    """
-    run_dir = Path(run_dir)
-    rows = load_run(run_dir)
-    out = Path(out_dir) if out_dir is not None else run_dir / "plots"
-    label = run_label(run_dir)
-    written: list[Path] = []
-    for name, (title, panels) in RUN_PLOTS.items():
-        present = [p for p in panels if any(np.isfinite(series(rows, k)[1]).any() for k in p.keys)]
-        if not present:
-            continue
-        fig, axes = new_figure(len(present), f"{title} -- {label}")
-        for ax, panel in zip(axes, present):
-            _draw_panel(ax, rows, panel)
-            if name == "grad_norm":
-                _mark_skipped(ax, rows)
-        written.append(save_png(fig, out / f"{name}.png"))
-    return written
-
 
 def find_run_dirs(paths: list[str | Path]) -> list[Path]:
     """Run folders (holding ``metrics.jsonl``) among ``paths`` or anywhere below them, sorted, unique."""

@@ -3,7 +3,7 @@
 File format (``run_dir/metrics.jsonl``): one strict-JSON object per line,
 ``{"step": int, "time": unix_seconds, "<namespace>/<key>": value, ...}`` (keys in docs/architecture.md).
 Several lines may share a step (e.g. train metrics, then eval metrics of the same step); readers merge
-them (:func:`oblr.experiments.stats.merge_by_step`). Steps never decrease within a file.
+them (:func:`oblr.tracking.runs.merge_by_step`). Steps never decrease within a file.
 
 Non-finite floats. JSON has no NaN/Infinity, so a non-finite value is written as ``null`` and its
 kind is recorded in a ``"_nonfinite": {"<key>": "nan" | "inf" | "-inf"}`` entry on the same line (present

@@ -157,7 +157,7 @@ class Trainer:
         if not main:
             return summary
         if t.plots:
-            from oblr.experiments.report import plot_run
+            from oblr.tracking.plots import plot_run
 
             summary["plots"] = [str(p) for p in plot_run(self.run_dir)]
         write_summary(self.run_dir, summary)
