@@ -14,12 +14,14 @@ Each mode is an object with one interface, used by :func:`oblr.distributed.step.
   generate different prompts, whose lengths differ): nothing for none and ddp; fsdp gathers the whole
   model once on entry (one all-gather per FSDP module) and reshards it on exit, so decoding runs no
   collective;
-- ``save_state(run_dir, step, model, tokenizer, optimizer, state, *, keep, final)`` and
-  ``load_state(path, model, optimizer, state)``: the training state in a checkpoint folder
-  (:mod:`oblr.train.checkpoint`), called by every rank: none and ddp write the full weights and optimizer
-  state from rank 0; fsdp writes every rank's shards with torch.distributed.checkpoint
-  (:mod:`oblr.distributed.sharded_state`) and, at the end of the run (``final``), the consolidated
-  weights. The trainer never asks which strategy it has.
+- ``save_state(run_dir, step, model, tokenizer, optimizer, state, *, keep, final, store)`` and
+  ``load_state(path, model, optimizer, state, *, store)``: the training state in a checkpoint folder,
+  called by every rank: none and ddp write the full weights and optimizer state from rank 0; fsdp writes
+  every rank's shards with torch.distributed.checkpoint (:mod:`oblr.distributed.sharded_state`) and, at
+  the end of the run (``final``), the consolidated weights. ``store`` is the run folder's checkpoint
+  functions (:mod:`oblr.train.checkpoint`: ``save_checkpoint``, ``load_weights_into``,
+  ``begin_checkpoint``, ``write_state``, ``commit_checkpoint``), passed in by the caller: this layer sits
+  below the trainer and does not import it. The trainer never asks which strategy it has.
 
 ``ddp`` does not wrap the model in ``torch.nn.parallel.DistributedDataParallel``: the book-keeping
 backward computes no weight gradients through autograd, so DDP's all-reduce hooks would never fire.
@@ -51,19 +53,15 @@ class _FullState:
     """Checkpoints of a model whose every rank holds all of it: rank 0 writes, every rank reads."""
 
     def save_state(self, run_dir, step: int, model, tokenizer, optimizer, state: dict, *, keep: int,
-                   final: bool) -> None:
-        from oblr.train import checkpoint as ckpt
-
+                   final: bool, store) -> None:
         from .env import is_main
 
         if is_main():
-            ckpt.save_checkpoint(run_dir, step, model, tokenizer, {**state, "optimizer": optimizer.state_dict()},
-                                 keep=keep)
+            store.save_checkpoint(run_dir, step, model, tokenizer, {**state, "optimizer": optimizer.state_dict()},
+                                  keep=keep)
 
-    def load_state(self, path, model, optimizer, state: dict) -> None:
-        from oblr.train import checkpoint as ckpt
-
-        ckpt.load_weights_into(model, path)
+    def load_state(self, path, model, optimizer, state: dict, *, store) -> None:
+        store.load_weights_into(model, path)
         optimizer.load_state_dict(state["optimizer"])
 
 
@@ -178,7 +176,7 @@ class Sharded:
 
 
     def save_state(self, run_dir, step: int, model, tokenizer, optimizer, state: dict, *, keep: int,
-                   final: bool) -> None:
+                   final: bool, store) -> None:
         """Rank 0 opens the temporary checkpoint folder, every rank writes its shards of the model and
         optimizer state into ``sharded/`` (torch.distributed.checkpoint), rank 0 adds the trainer state, the
         model config and tokenizer -- and, when ``final``, the consolidated Hugging Face weights gathered
@@ -187,14 +185,13 @@ class Sharded:
         from pathlib import Path
 
         from oblr.disk_errors import writes_as_os_errors
-        from oblr.train import checkpoint as ckpt
 
         from .collectives import broadcast_object
         from .env import is_main
         from .sharded_state import SHARDED_DIR, full_model_state, save_sharded
 
         main = is_main()
-        tmp = Path(broadcast_object(str(ckpt.begin_checkpoint(run_dir, step)) if main else None))
+        tmp = Path(broadcast_object(str(store.begin_checkpoint(run_dir, step)) if main else None))
         with writes_as_os_errors():
             save_sharded(tmp / SHARDED_DIR, model, optimizer)
         full = full_model_state(model) if final else None  # collective
@@ -207,13 +204,13 @@ class Sharded:
                 else:
                     model.config.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
-                ckpt.write_state(tmp, step, state)
+                store.write_state(tmp, step, state)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        ckpt.commit_checkpoint(run_dir, step, tmp, keep=keep)
+        store.commit_checkpoint(run_dir, step, tmp, keep=keep)
 
-    def load_state(self, path, model, optimizer, state: dict) -> None:
+    def load_state(self, path, model, optimizer, state: dict, *, store) -> None:
         """Every rank reads its shards of the model and optimizer state."""
         from pathlib import Path
 

@@ -27,6 +27,7 @@ import json
 import os
 import random
 import shutil
+import sys
 from pathlib import Path
 
 from oblr.disk_errors import writes_as_os_errors
@@ -286,7 +287,8 @@ def restore_state(path: Path, parallel, model, optimizer, lr_controller, dist, w
     rank its shards) and ``lr_controller``, and set this rank's RNG state from it; returns the trainer state
     (``step``, ``history``). ``warn`` says when the checkpoint was written by another number of processes."""
     state = load_trainer_state(path)
-    parallel.load_state(path, model, optimizer, state)
+    # the strategy reads the folder through this module's functions (distributed does not import train)
+    parallel.load_state(path, model, optimizer, state, store=sys.modules[__name__])
     saved_world = state.get("world_size", 1)
     if saved_world != dist.world_size:
         warn(f"warning: checkpoint {path} was written by {saved_world} process(es), this run has "

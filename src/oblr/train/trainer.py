@@ -268,7 +268,7 @@ class Trainer:
         state = {"lr_controller": self.lr_ctrl.state_dict(), "history": self.history, "config": self.cfg.to_dict(),
                  "rng_ranks": rng_ranks, "rng": rng, "world_size": self.dist.world_size}
         self.parallel.save_state(self.run_dir, step, self.model, self.tokenizer, self.optimizer, state,
-                                 keep=self.cfg.train.keep_checkpoints, final=step == self.cfg.train.steps)
+                                 keep=self.cfg.train.keep_checkpoints, final=step == self.cfg.train.steps, store=ckpt)
         self._saved_step = step
 
     def _commit(self, step: int, metrics: dict) -> None:
