@@ -1,5 +1,9 @@
 """OBLR-PO inside TRL: ``OBLRGRPOConfig`` and ``OBLRGRPOTrainer``, drop-in for ``GRPOConfig``/``GRPOTrainer``.
 
+Whose code: oblr's -- the import guard and the two exported classes; TRL's -- everything they inherit
+(generation, rewards, logging, checkpointing, accelerate/DeepSpeed). No private TRL name is touched here
+(docs/integrations_private_api.md lists those of the trainer).
+
 ::
 
     from oblr.integrations.trl import OBLRGRPOConfig, OBLRGRPOTrainer

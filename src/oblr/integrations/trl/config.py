@@ -1,5 +1,9 @@
 """``OBLRGRPOConfig``: TRL's ``GRPOConfig`` plus the OBLR-PO options, with the settings that would bias it refused.
 
+Whose code: oblr's -- the ``oblr_*`` fields, the refused settings (:data:`RULES`) and their check in
+``__post_init__``; TRL's -- ``GRPOConfig`` and all its other fields, read as public dataclass fields. No
+private TRL name is touched here (docs/integrations_private_api.md).
+
 Added fields (everything else is TRL's, used exactly as in ``GRPOConfig``):
 
 - ``oblr_baseline`` (default ``"oblr"``): any name in :func:`oblr.estimators.available_estimators`;

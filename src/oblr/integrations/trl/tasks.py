@@ -1,5 +1,9 @@
 """oblr tasks in TRL's terms: a ``datasets.Dataset`` of prompts, a reward function, held-out accuracy.
 
+Whose code: oblr's -- all of it (a dataset, a reward function and an accuracy over oblr's tasks); TRL's
+-- only the reward-function call convention, and ``datasets.Dataset``. No private framework name is touched
+here (docs/integrations_private_api.md).
+
 - :func:`task_dataset` -- columns ``prompt`` (the exact text fed to the model) and ``answer``;
 - :class:`TaskReward` -- ``reward(prompts, completions, answer, **kwargs) -> list[float]``, the task's
   verifiable reward through :func:`oblr.tasks.safe_reward` (a failing reward gives 0 and a counted warning);

@@ -1,5 +1,9 @@
 """OBLR-PO pieces inside verl (tested with verl 0.9.1): the ``oblr`` advantage estimator and policy loss.
 
+Whose code: oblr's -- :func:`register` and the exported names; verl's -- the estimator and policy-loss
+registries, used through their public ``register_adv_est`` / ``register_policy_loss``. No private verl name is
+touched here (docs/integrations_private_api.md).
+
 Importing this package registers both in verl's registries (:func:`register`, idempotent), so verl loads
 them by name through its external-module mechanism::
 

@@ -1,5 +1,9 @@
 """The actor side of OBLR-PO in verl: the norm pass (w_i, per-prompt norms) and the SNR learning rate.
 
+Whose code: oblr's -- the norm pass and :class:`ActorLearningRate`; verl's -- the ``DataProto`` fields
+read and the engine whose public ``optimizer_step`` / ``save_checkpoint`` / ``load_checkpoint`` are wrapped.
+No private verl name is touched here (docs/integrations_private_api.md).
+
 :func:`norm_pass` runs on a data-parallel rank of verl's actor, with the actor's module and the batch as the
 actor sees it (a ``DataProto`` with ``input_ids`` = left-padded prompt then right-padded response,
 ``attention_mask``, ``responses``, ``response_mask``, the rewards, and ``uid``), BEFORE verl forms the

@@ -1,5 +1,9 @@
 """The ``oblr`` advantage estimator in verl's form: verl's batch layout in, oblr's estimator out.
 
+Whose code: oblr's -- grouping the rows, the estimate, the scatter back to tokens; verl's -- the batch
+layout and the ``reward_baselines`` channel. No verl import, no private verl name
+(docs/integrations_private_api.md).
+
 verl hands a registered estimator per-row tensors: ``token_level_rewards`` [B, T] (the outcome reward sits on
 one token; its row sum is the reward), ``response_mask`` [B, T], ``index`` (the ``uid`` of each row's prompt,
 a numpy object array, rows of a group not necessarily adjacent) and, when the batch has it,

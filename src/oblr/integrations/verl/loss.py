@@ -1,5 +1,9 @@
 """The ``oblr`` policy loss in verl's form: oblr's clipped loss with ``seq_sum_const`` factors, verl's settings checked.
 
+Whose code: oblr's -- the loss and the refused settings; verl's -- the registered policy loss's call
+and the actor config it reads (public fields). No verl import, no private verl name
+(docs/integrations_private_api.md).
+
 verl's actor (``verl.workers.utils.losses.ppo_loss``) calls the registered policy loss with per-token
 ``old_log_prob``, ``log_prob``, ``advantages``, ``response_mask`` [B, T], ``loss_agg_mode`` and the actor's
 config, whose ``global_batch_info`` holds ``dp_size``, ``global_batch_size`` and ``loss_scale_factor``.

@@ -1,5 +1,10 @@
 """The recipe that makes a verl 0.9.1 PPO run OBLR-PO: a worker and a trainer subclass, and an entry point.
 
+Whose code: oblr's -- :func:`check_run_config`, :func:`options`, :func:`install_learning_rate` and the
+worker's added method; verl's -- the worker, trainer and task runner subclassed, and ``main_ppo``. It
+overrides verl's private ``RayPPOTrainer._compute_old_log_prob`` and subclasses Ray's ``__ray_actor_class__``
+(both listed with the versions checked in docs/integrations_private_api.md).
+
     python -m oblr.integrations.verl.recipe trainer.use_v1=False algorithm.adv_estimator=oblr \\
         actor_rollout_ref.actor.policy_loss.loss_mode=oblr ... (docs/verl.md has the whole command)
 
