@@ -1,5 +1,10 @@
 """``OBLRGRPOTrainer``: TRL's ``GRPOTrainer`` with OBLR-PO's exact weighted baseline and SNR learning rate.
 
+Whose code: oblr's -- the update core's call on each generation batch (advantages, w_i, the folded
+gradient, the SNR lr, the ``oblr/*`` metrics); TRL's -- ``GRPOTrainer``'s generation, rewards, training loop,
+logging, checkpointing and (under DeepSpeed) loss and backward. It hooks into them through private TRL,
+transformers and DeepSpeed names, each listed with the version checked in docs/integrations_private_api.md.
+
 Used exactly like ``GRPOTrainer`` (same arguments) with an :class:`~oblr.integrations.trl.OBLRGRPOConfig`.
 What changes, per generation batch (``_generate_and_score_completions``, after TRL has generated and
 rewarded the completions): the local rows (whole groups; the config guarantees it) go through oblr's
