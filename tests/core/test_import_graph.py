@@ -8,8 +8,8 @@ to each; a module's own packages are running already), and a package whose names
 import. Names in strings (``Registry(modules=...)``, the config's ``choices="module:NAME"``, the CLI's
 subcommand modules) are not read: they name where a registry is filled, they are not calls into it.
 
-:data:`LAYERS` is the order of docs/architecture.md's map, lowest first; a module belongs to the layer of
-the longest name that starts it. Failures name each offending edge with the file and line of its import.
+:data:`LAYERS` is the order docs/architecture.md states below its map, lowest first; a module belongs to the
+layer of the longest name that starts it. Failures name each offending edge with the file and line of its import.
 """
 
 from __future__ import annotations
