@@ -1,10 +1,10 @@
 """Symmetric Grams as lower-triangle strips against one full product, at the ghost path's shapes.
 
 The one-pass engine forms a parameter's own Grams (``x x^T``, ``g g^T``: symmetric) as column strips of their
-lower triangle (``oblr.gradnorm.contrib.sym_strips``): about ``(n + 1) / (2 n)`` of the multiply-adds, but
+lower triangle (``oblr.gradnorm.strips.sym_strips``): about ``(n + 1) / (2 n)`` of the multiply-adds, but
 narrower products, which BLAS runs at a lower rate. This prints, per shape, the time of the full product
 and of the strips for several narrowest-strip widths (``MIN_STRIP``), as a ratio in one run on one machine:
-what ``contrib.MIN_STRIP`` was chosen from.
+what ``strips.MIN_STRIP`` was chosen from.
 
     python benchmarks/gram_strips.py                 # ~1 minute, 1 thread
     python benchmarks/gram_strips.py --markdown out.md
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from oblr.gradnorm import contrib
+from oblr.gradnorm import strips
 
 #: (samples, tokens, width): one row's window of a SmolLM2-135M-shaped layer (hidden 576, MLP 1536), its tied
 #: output layer's logit gradient (vocab 49152), whole rows batched, and long rows
@@ -39,21 +39,21 @@ def _time(fn, repeats: int) -> float:
 
 def run(repeats: int, widths: list[int]) -> list[dict]:
     rows = []
-    saved = contrib.MIN_STRIP
+    saved = strips.MIN_STRIP
     try:
         for shape in SHAPES:
             x = torch.randn(*shape)
             full = _time(lambda x=x: torch.bmm(x, x.transpose(1, 2)), repeats)
             row = {"shape": shape, "full_ms": 1e3 * full, "ratios": {}}
             for w in widths:
-                contrib.MIN_STRIP = w
-                row["ratios"][w] = _time(lambda x=x: contrib.sym_strips(x), repeats) / full
-                row.setdefault("work", {})[w] = contrib.strip_entries(shape[1]) / shape[1] ** 2
+                strips.MIN_STRIP = w
+                row["ratios"][w] = _time(lambda x=x: strips.sym_strips(x), repeats) / full
+                row.setdefault("work", {})[w] = strips.strip_entries(shape[1]) / shape[1] ** 2
             rows.append(row)
             print(f"  {shape}: full {1e3 * full:.3f} ms, strips/full "
                   + ", ".join(f"{w}: {r:.2f}" for w, r in row["ratios"].items()), flush=True)
     finally:
-        contrib.MIN_STRIP = saved
+        strips.MIN_STRIP = saved
     return rows
 
 
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     widths = [int(w) for w in args.widths.split(",")]
     rows = run(args.repeats, widths)
     header = (f"torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}; GRAM_STRIPS = "
-              f"{contrib.GRAM_STRIPS}, shipped MIN_STRIP = {contrib.MIN_STRIP}. Time of the strips over the full "
+              f"{strips.GRAM_STRIPS}, shipped MIN_STRIP = {strips.MIN_STRIP}. Time of the strips over the full "
               "product's; in brackets the strips' share of the full product's multiply-adds")
     text = markdown(rows, widths, header)
     print(text)

@@ -177,7 +177,7 @@ no other `T x T` matrix, 5 float32 logit-sized tensors at the start of the backw
 and the recompute engine; the two-pass norm pass keeps 4 when tied), and the larger of the step's phases.
 For `oblr_recompute` (all terms derived, not calibrated): the kept contributions per trainable weight, the
 smaller of the float32 per-row gradients `4 B R C` and the factors `B T (R + C)` in the activation dtype
-(`contrib.keep_dense`; the input shared by q/k/v and by gate/up counted once), the norm weights' per-row
+(`assembly.keep_dense`; the input shared by q/k/v and by gate/up counted once), the norm weights' per-row
 gradients, the output layer's (tied: with the embedding's token ids) or, in chunks, its float32 per-row sum
 `4 B V h`; its phases are the start of the backward (4 logit-sized tensors), the bottom layer's backward (one
 recomputed layer, the logits, the contributions of the layers above), the entropy after the backward (the
@@ -186,7 +186,7 @@ the gradients). It leaves out the one-pass engine's kept-dense conversion (never
 replaces), fragmentation and memory outside torch's allocator. The assembly (the weighted gradient and the
 group norms, entry by entry) is counted with its float32 working set (`memory_model.assembly_bytes`: each
 entry's group sums and running total over the gradients formed before it), checked against
-`contrib.grouped_sums` measured alone.
+`assembly.grouped_sums` measured alone.
 
 Projection assumptions (not measured): Qwen3 shapes from the public Hugging Face configs as remembered
 here (0.6B: 28 layers, hidden 1024, MLP 3072, 16/8 heads; 1.7B: 28, 2048, 6144, 16/8; 4B: 36, 2560,
@@ -212,7 +212,7 @@ tokens (1.16: 1.44 GiB above, the size of two bf16 `vocab x hidden` tensors: at 
 autograd holds `lm_head`'s weight gradient until the tied embedding's arrives and sums the two, the `tied_sum`
 phase; 1.07 now -- read off this row, so not an independent check) and Qwen3-0.6B `oblr_recompute_chunk` at
 1024 tokens (1.21: 1.7 GiB above; the assembly's float32 group sums of the output layer,
-`memory_model.assembly_bytes`, derived and checked against `contrib.grouped_sums` on CPU; 1.09 now; the engine
+`memory_model.assembly_bytes`, derived and checked against `assembly.grouped_sums` on CPU; 1.09 now; the engine
 since frees each chunk before the next and adds into the running total in place, not measured on the GPU).
 Measured there: Qwen3-4B with 4 x 4096 tokens,
 checkpointing on, 45 GiB above the model with whole logits and 11.1 (GRPO) / 13.0 (OBLR-PO, two-pass) GiB with

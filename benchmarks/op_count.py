@@ -12,7 +12,7 @@ top-level ``aten::`` operators of one step (``step_methods``' method of the plan
 :func:`oblr.update.accumulate_policy_gradient`, after one warm-up call) under ``torch.profiler``: those not called from inside another ``aten::`` operator. Views
 (reshape, transpose, detach) are counted; they launch no kernel but are dispatched on the host.
 ``--gpu-paths`` makes the exact-norm engine take the branches it takes on CUDA (each Gram one product,
-``contrib.gram_strips``; no token windows, which exist on CPU only), so the count is the GPU step's.
+``strips.gram_strips``; no token windows, which exist on CPU only), so the count is the GPU step's.
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ def count(layers: int = 28, plans=PLANS, response_len: int = 224, top: int = 8, 
     """{plan: {"total": n, "top": [(op, n), ...]}} for ``step_methods``' method of each plan on a random-init
     Qwen3-shaped model of ``layers`` layers (hidden 64, MLP 192, 4/2 heads of 16, vocab 512, tied), 2 prompts
     x 2 samples, 32 + ``response_len`` tokens. ``gpu_paths``: the engine's CUDA branches (module docstring)."""
-    from oblr.gradnorm import contrib
+    from oblr.gradnorm import strips, windows
 
-    saved = contrib.GRAM_STRIPS, contrib.TRIM_MIN_FRACTION
+    saved = strips.GRAM_STRIPS, windows.TRIM_MIN_FRACTION
     if gpu_paths:  # one Gram product as on CUDA; token windows never pay (they are a CPU path)
-        contrib.GRAM_STRIPS, contrib.TRIM_MIN_FRACTION = contrib.GRAM_STRIPS_OTHER, 2.0
+        strips.GRAM_STRIPS, windows.TRIM_MIN_FRACTION = strips.GRAM_STRIPS_OTHER, 2.0
     try:
         return _count(layers, plans, response_len, top)
     finally:
-        contrib.GRAM_STRIPS, contrib.TRIM_MIN_FRACTION = saved
+        strips.GRAM_STRIPS, windows.TRIM_MIN_FRACTION = saved
 
 
 def _count(layers: int, plans, response_len: int, top: int) -> dict[str, dict]:

@@ -169,13 +169,13 @@ def _sync(device: torch.device) -> None:
 
 def _fp32_products(step, params, device: torch.device, repeats: int) -> dict:
     """One OBLR-PO step with the engine's TF32 products (the default for a half-precision model on CUDA) and
-    the same step with full float32 products (``contrib.TF32_HALF_PRODUCTS = False``): their relative
+    the same step with full float32 products (``precision.TF32_HALF_PRODUCTS = False``): their relative
     differences (w_i, per-prompt norms, the gradient) and, with ``repeats``, the median times."""
-    from oblr.gradnorm import contrib
+    from oblr.gradnorm import precision
 
     out, runs = {}, {}
     for name, flag in (("tf32", True), ("fp32", False)):
-        contrib.TF32_HALF_PRODUCTS = flag
+        precision.TF32_HALF_PRODUCTS = flag
         try:
             ts = []
             step()  # a warm-up per setting: its products take other kernels
@@ -191,7 +191,7 @@ def _fp32_products(step, params, device: torch.device, repeats: int) -> dict:
                               grad=[p.grad.clone() for p in params])  # model dtype: no float64 copy of 4B
             out[f"{name}_seconds"] = statistics.median(ts)
         finally:
-            contrib.TF32_HALF_PRODUCTS = True
+            precision.TF32_HALF_PRODUCTS = True
     for p in params:
         p.grad = None
     out.update({f"{k}_rel_diff": _rel(runs["tf32"][k], runs["fp32"][k]) for k in ("w", "gk")})
@@ -333,7 +333,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--lora-rank", type=int, default=0, help="memory cases with LoRA adapters of this rank on "
                     f"{', '.join(mm.LORA_TARGETS)} (default 0: full fine-tuning)")
     ap.add_argument("--gram-strips", type=int, default=None, help="strips per symmetric Gram on this run's device "
-                    "(oblr.gradnorm.contrib.gram_strips; 1: one full product; default: the engine's own, 16 on CPU, 1 on CUDA)")
+                    "(oblr.gradnorm.strips.gram_strips; 1: one full product; default: the engine's own, 16 on CPU, 1 on CUDA)")
     args = ap.parse_args(argv)
     if args.dry_run:
         args.device, args.tiny = "cpu", True
@@ -375,12 +375,12 @@ def main(argv=None) -> dict:
     if dev_name == "cuda":  # the exactness check is float32: no TF32 products
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    from oblr.gradnorm import contrib
+    from oblr.gradnorm import strips
 
     if args.gram_strips is not None:  # for this process only, on the device it runs on: an A/B of the strips
-        setattr(contrib, "GRAM_STRIPS" if dev_name == "cpu" else "GRAM_STRIPS_OTHER", args.gram_strips)
+        setattr(strips, "GRAM_STRIPS" if dev_name == "cpu" else "GRAM_STRIPS_OTHER", args.gram_strips)
     torch.manual_seed(0)
-    report = dict(gram_strips=contrib.gram_strips(dev_name), device=torch.cuda.get_device_name(device) if dev_name == "cuda" else "cpu",
+    report = dict(gram_strips=strips.gram_strips(dev_name), device=torch.cuda.get_device_name(device) if dev_name == "cuda" else "cpu",
                   torch=torch.__version__, tiny=args.tiny, rtol=RTOL)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if "exactness" not in skip:

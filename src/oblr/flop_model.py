@@ -15,7 +15,7 @@ zero-gradient tokens, make its CPU count smaller):
 - ``oblr`` (one-pass :class:`oblr.gradnorm.BookKeeper`, method ``auto``): forward, one backward with
   activation gradients only, then per trainable weight what the engine does with its (input ``x`` [T, C],
   output gradient ``g`` [T, R]) factors, decided as the engine decides (:func:`keep_dense`, :func:`use_ghost`
-  mirror ``contrib.keep_dense``/``contrib.use_ghost``):
+  mirror ``assembly.keep_dense``/``assembly.use_ghost``):
 
   * kept dense (per-row gradient no larger than its factors): one ``[R, T] x [T, C]`` product per row
     (``2 B T R C``), then ``w_i`` is a reduction and the weighted gradient a ``2 B R C`` regrouping;
@@ -49,15 +49,16 @@ from __future__ import annotations
 from .memory_model import KEEP_DENSE_SLACK, PLANS, QWEN3, Shape, keep_dense  # noqa: F401 -- re-exported
 from .memory_model import linears as _linears
 
-#: mirrors of ``oblr.gradnorm.contrib.MEMORY_COST``, ``GRAM_STRIPS`` and ``MIN_STRIP`` (tests check they agree;
-#: ``KEEP_DENSE_SLACK`` and ``keep_dense``, the mirror of ``contrib.keep_dense``, are :mod:`oblr.memory_model`'s)
+#: mirrors of ``oblr.gradnorm.contrib.MEMORY_COST`` and ``oblr.gradnorm.strips.GRAM_STRIPS`` and ``MIN_STRIP`` (tests
+#: check they agree; ``KEEP_DENSE_SLACK`` and ``keep_dense``, the mirror of ``assembly.keep_dense``, are
+#: :mod:`oblr.memory_model`'s)
 MEMORY_COST = 8
 GRAM_STRIPS = 16
 MIN_STRIP = 48
 
 
 def strip_entries(T: int, device: str) -> int:
-    """``contrib.strip_entries``: entries of a symmetric ``[T, T]`` Gram formed as lower-triangle strips on
+    """``strips.strip_entries``: entries of a symmetric ``[T, T]`` Gram formed as lower-triangle strips on
     ``device``'s type (CPU; one full product, ``T^2``, elsewhere)."""
     if device != "cpu":
         return T * T
@@ -71,7 +72,7 @@ def _norm_sizes(s: Shape) -> list[int]:
 
 
 def use_ghost(contribs: list[tuple[int, int, bool]], T: int, device: str = "cuda") -> bool:
-    """``contrib.use_ghost`` for Outer contributions ``(R, C, is_index)`` of one parameter, ``T`` tokens."""
+    """``assembly.use_ghost`` for Outer contributions ``(R, C, is_index)`` of one parameter, ``T`` tokens."""
     ghost = sum((strip_entries(T, device) if i == j else T * T) * ((1 if ai or bi else ar) + ac + MEMORY_COST)
                 for i, (ar, ac, ai) in enumerate(contribs) for j, (_, _, bi) in enumerate(contribs))
     mat = sum(T * c * (1 if ix else r) + MEMORY_COST * r * c for r, c, ix in contribs)

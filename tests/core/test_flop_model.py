@@ -90,11 +90,11 @@ CASES = [
 def test_flops_match_torch_counter(kw, monkeypatch):
     from step_methods import Case
 
-    from oblr.gradnorm import contrib
+    from oblr.gradnorm import windows
 
     # the model counts full-length rows, as on a GPU: the one-pass engine's CPU-only token windows (each row's
-    # zero-gradient tokens skipped, contrib.token_windows) are switched off here
-    monkeypatch.setattr(contrib, "TRIM_MIN_FRACTION", 2.0)
+    # zero-gradient tokens skipped, windows.token_windows) are switched off here
+    monkeypatch.setattr(windows, "TRIM_MIN_FRACTION", 2.0)
     case = Case(**kw)
     counted = _counted(case, mm.PLANS)
     s, B, T = _shape(case), case.n_prompts * case.group_size, case.prompt_len + case.response_len
@@ -107,32 +107,32 @@ def test_flops_match_torch_counter(kw, monkeypatch):
 
 
 def test_mirrored_constants_and_decisions_agree_with_the_engine():
-    from oblr.gradnorm import contrib
+    from oblr.gradnorm import assembly, contrib, strips
     from oblr.gradnorm.contrib import Outer
 
-    assert fm.KEEP_DENSE_SLACK == contrib.KEEP_DENSE_SLACK and fm.MEMORY_COST == contrib.MEMORY_COST
-    assert (fm.GRAM_STRIPS, fm.MIN_STRIP) == (contrib.GRAM_STRIPS, contrib.MIN_STRIP)
+    assert fm.KEEP_DENSE_SLACK == assembly.KEEP_DENSE_SLACK and fm.MEMORY_COST == contrib.MEMORY_COST
+    assert (fm.GRAM_STRIPS, fm.MIN_STRIP) == (strips.GRAM_STRIPS, strips.MIN_STRIP)
     for T in (1, 2, 15, 16, 17, 31, 33, 64, 65, 100, 160, 1024):
         for dev in ("cpu", "cuda"):
-            assert fm.strip_entries(T, dev) == contrib.strip_entries(T, dev)
+            assert fm.strip_entries(T, dev) == strips.strip_entries(T, dev)
         assert fm.strip_entries(T, "cuda") == T * T
     for T in (2, 7, 16, 40):
         for R in (3, 16, 50):
             for C in (4, 16, 33):
                 for dtype, nbytes in ((torch.float32, 4), (torch.bfloat16, 2)):
                     o = Outer(torch.zeros(1, T, R, dtype=dtype), torch.zeros(1, T, C, dtype=dtype), (R, C))
-                    assert fm.keep_dense(R, C, T, nbytes) == contrib.keep_dense(o)
+                    assert fm.keep_dense(R, C, T, nbytes) == assembly.keep_dense(o)
                     ids = Outer(torch.zeros(1, T, dtype=torch.long), torch.zeros(1, T, C, dtype=dtype), (R, C))
-                    assert fm.keep_dense(R, C, T, nbytes, index=True) == contrib.keep_dense(ids)
+                    assert fm.keep_dense(R, C, T, nbytes, index=True) == assembly.keep_dense(ids)
                 o = Outer(torch.zeros(1, T, R), torch.zeros(1, T, C), (R, C))
                 ids = Outer(torch.zeros(1, T, dtype=torch.long), torch.zeros(1, T, C), (R, C))
-                assert fm.use_ghost([(R, C, False)], T, "cpu") == contrib.use_ghost([o], "auto")
-                assert fm.use_ghost([(R, C, False), (R, C, True)], T, "cpu") == contrib.use_ghost([o, ids], "auto")
+                assert fm.use_ghost([(R, C, False)], T, "cpu") == assembly.use_ghost([o], "auto")
+                assert fm.use_ghost([(R, C, False), (R, C, True)], T, "cpu") == assembly.use_ghost([o, ids], "auto")
                 # any other device (meta here, as CUDA): whole Grams, no strips
                 om = Outer(torch.zeros(1, T, R, device="meta"), torch.zeros(1, T, C, device="meta"), (R, C))
                 idm = Outer(torch.zeros(1, T, dtype=torch.long, device="meta"), torch.zeros(1, T, C, device="meta"), (R, C))
-                assert fm.use_ghost([(R, C, False)], T, "cuda") == contrib.use_ghost([om], "auto")
-                assert fm.use_ghost([(R, C, False), (R, C, True)], T, "cuda") == contrib.use_ghost([om, idm], "auto")
+                assert fm.use_ghost([(R, C, False)], T, "cuda") == assembly.use_ghost([om], "auto")
+                assert fm.use_ghost([(R, C, False), (R, C, True)], T, "cuda") == assembly.use_ghost([om, idm], "auto")
 
 
 def test_micro_batching_and_batch_size_do_not_change_the_ratio():

@@ -71,14 +71,14 @@ def test_assembly_by_hand():
     assert mm.assembly_bytes(TINY, 3, 5, grads_live=True) == P * 4 + 4 * 192 * 4
     # bf16 gradients: the formed ones at 2 bytes, plus the entry's copy in that dtype
     assert mm.assembly_bytes(TINY, 3, 5, grad_bytes=2) == (P - 216) * 2 + 4 * 192 * 4 + 192 * 2
-    assert mm.CHUNK_ELEMS == __import__("oblr.gradnorm.contrib", fromlist=["x"]).CHUNK_ELEMS
+    assert mm.CHUNK_ELEMS == __import__("oblr.gradnorm.assembly", fromlist=["x"]).CHUNK_ELEMS
 
 
 @pytest.mark.parametrize("kind,groups,chunk_rows", [("dense", 2, None), ("dense", 4, 1), ("dense", 4, 2),
                                                     ("dense", 6, 3), ("factors", 2, None), ("factors", 4, 1),
                                                     ("factors", 4, 2)])
 def test_entry_working_set_is_what_grouped_sums_holds(kind, groups, chunk_rows, monkeypatch):
-    """entry_work_units against contrib.grouped_sums measured with torch's CPU allocator: the peak above its
+    """entry_work_units against assembly.grouped_sums measured with torch's CPU allocator: the peak above its
     inputs in [R, C] float32 units, for a per-row sum kept dense and for factors, in one chunk and in several
     (the chunk budget made small so that a few groups fill it)."""
     import torch
@@ -86,13 +86,13 @@ def test_entry_working_set_is_what_grouped_sums_holds(kind, groups, chunk_rows, 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from step_cost import _peak_bytes
 
-    from oblr.gradnorm import contrib
+    from oblr.gradnorm import assembly, contrib
 
     R, C, rows_per_group = 96, 64, 2
     n, B = R * C, groups * rows_per_group
     budget = mm.CHUNK_ELEMS if chunk_rows is None else chunk_rows * n
-    real = contrib._chunks
-    monkeypatch.setattr(contrib, "_chunks", lambda K, per_item: real(K, per_item, budget))
+    real = assembly.chunks
+    monkeypatch.setattr(assembly, "chunks", lambda K, per_item: real(K, per_item, budget))
     gen = torch.Generator().manual_seed(0)
     if kind == "dense":
         c = contrib.Dense(torch.randn(B, R, C, generator=gen))
@@ -100,7 +100,7 @@ def test_entry_working_set_is_what_grouped_sums_holds(kind, groups, chunk_rows, 
         c = contrib.Outer(torch.randn(B, 7, R, generator=gen), torch.randn(B, 7, C, generator=gen), (R, C))
     grp = contrib.Grouping.from_groups(torch.randn(B, generator=gen), torch.arange(B) // rows_per_group)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        contrib.grouped_sums([c], grp)
+        assembly.grouped_sums([c], grp)
     measured = _peak_bytes(prof) / (n * 4)
     units = mm.entry_work_units(n, kind == "dense", groups, budget)
     # factors: plus their regrouped (coefficient-scaled) copies, at most B T (R + C) float32 -- the recompute
@@ -236,7 +236,7 @@ def test_chunked_rows_measure_within_band():
 
 def test_recompute_kept_bytes_by_hand():
     """The recompute engine's kept contributions on TINY (h=8, q=8, kv=4, I=24, V=10, tied), 3 rows of 5 tokens:
-    per weight the smaller of float32 per-row gradients 4 B R C and factors B T (R + C) (contrib.keep_dense), the
+    per weight the smaller of float32 per-row gradients 4 B R C and factors B T (R + C) (assembly.keep_dense), the
     input shared by gate/up counted once."""
     b, t = 3, 5
     # float32: q, o (8x8) and k, v (4x8) dense (4RC <= 4T(R+C)); gate, up (24x8) and down (8x24) factors

@@ -55,7 +55,8 @@ def test_tied_parameters_deduplicated_and_cross_term_needed(qwen3_model):
     (entry,) = [e for e in book._entries if e.name == "model.embed_tokens.weight"]
     assert len(entry.contribs) == 2  # embedding and head contributions to the same tensor
     # dropping the cross term would give a different (wrong) number
-    from oblr.gradnorm.contrib import Grouping, sq_norm
+    from oblr.gradnorm.assembly import sq_norm
+    from oblr.gradnorm.contrib import Grouping
 
     rows = Grouping.rows(len(PROMPTS))
     both = sq_norm([c.regroup(rows) for c in entry.contribs], "ghost")

@@ -10,7 +10,7 @@ from conftest import tiny_llama, tiny_qwen3
 from gradnorm_helpers import make_batch, rel_err
 
 from oblr.gradnorm import BookKeeper, Dense, Outer, loop_per_sequence_grads
-from oblr.gradnorm.contrib import keep_dense
+from oblr.gradnorm.assembly import keep_dense
 from oblr.gradnorm.reference import trainable_parameters
 from oblr.logprobs import forward_logits, gather_logprobs, sequence_logprobs
 

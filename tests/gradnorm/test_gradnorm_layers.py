@@ -16,7 +16,8 @@ from oblr.gradnorm import (
     loop_weighted_grad,
     sequence_grad_sq_norms,
 )
-from oblr.gradnorm.contrib import Outer, use_ghost
+from oblr.gradnorm.assembly import use_ghost
+from oblr.gradnorm.contrib import Outer
 from oblr.gradnorm.layers import rule_for
 from oblr.gradnorm.reference import trainable_parameters
 from oblr.logprobs import sequence_logprobs, token_logprobs

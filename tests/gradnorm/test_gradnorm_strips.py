@@ -1,29 +1,24 @@
-"""Symmetric Grams as lower-triangle strips (contrib.sym_strips / strips_dot / ghost_inner with a is b) against
-the full Grams and against materialised per-row gradients, float64 so that only the algebra is compared."""
+"""Symmetric Grams as lower-triangle strips (strips.sym_strips / strips_dot / assembly.ghost_inner with a is b)
+against the full Grams and against materialised per-row gradients, float64 so that only the algebra is compared."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from oblr.gradnorm import contrib
-from oblr.gradnorm.contrib import (
-    GramCache,
-    Outer,
-    ghost_inner,
-    strip_bounds,
-    strip_entries,
-    strips_dot,
-    sym_strips,
-)
+from oblr.gradnorm import assembly, contrib
+from oblr.gradnorm import strips as strips_module
+from oblr.gradnorm.assembly import ghost_inner
+from oblr.gradnorm.contrib import Outer
+from oblr.gradnorm.strips import GramCache, strip_bounds, strip_entries, strips_dot, sym_strips
 
 LENGTHS = (1, 5, 16, 17, 33, 100, 161)
 
 
 @pytest.mark.parametrize("strips", [1, 2, 4, 7])
 def test_strips_cover_the_lower_triangle_once(strips, monkeypatch):
-    monkeypatch.setattr(contrib, "GRAM_STRIPS", strips)
-    monkeypatch.setattr(contrib, "MIN_STRIP", 4)
+    monkeypatch.setattr(strips_module, "GRAM_STRIPS", strips)
+    monkeypatch.setattr(strips_module, "MIN_STRIP", 4)
     for T in LENGTHS:
         seen = torch.zeros(T, T, dtype=torch.long)
         for s, w in strip_bounds(T):
@@ -37,8 +32,8 @@ def test_strips_cover_the_lower_triangle_once(strips, monkeypatch):
 
 @pytest.mark.parametrize("strips", [1, 2, 4, 7])
 def test_strips_dot_equals_full_gram_inner_product(strips, monkeypatch):
-    monkeypatch.setattr(contrib, "GRAM_STRIPS", strips)
-    monkeypatch.setattr(contrib, "MIN_STRIP", 4)
+    monkeypatch.setattr(strips_module, "GRAM_STRIPS", strips)
+    monkeypatch.setattr(strips_module, "MIN_STRIP", 4)
     gen = torch.Generator().manual_seed(0)
     for T in LENGTHS:
         a = torch.randn(3, T, 9, generator=gen, dtype=torch.float64)
@@ -65,7 +60,7 @@ def _windowed(o: Outer, first, last) -> Outer:
 @pytest.mark.parametrize("T", [3, 20, 70])
 @pytest.mark.parametrize("min_strip", [4, 48])
 def test_ghost_self_inner_matches_materialised_rows(T, min_strip, monkeypatch):
-    monkeypatch.setattr(contrib, "MIN_STRIP", min_strip)
+    monkeypatch.setattr(strips_module, "MIN_STRIP", min_strip)
     gen = torch.Generator().manual_seed(T)
     K, R, C, V = 4, 6, 11, 7
     x = torch.randn(K, T, C, generator=gen, dtype=torch.float64)
@@ -91,9 +86,9 @@ def test_ghost_self_inner_matches_materialised_rows(T, min_strip, monkeypatch):
 def test_ghost_cost_counts_a_self_pair_by_its_strips():
     T, R, C = 160, 576, 1536
     o = Outer(torch.zeros(1, T, R), torch.zeros(1, T, C), (R, C))
-    assert contrib.ghost_cost([o]) == strip_entries(T) * (R + C + contrib.MEMORY_COST)
+    assert assembly.ghost_cost([o]) == strip_entries(T) * (R + C + contrib.MEMORY_COST)
     ids = Outer(torch.zeros(1, T, dtype=torch.long), torch.zeros(1, T, C), (R, C))
-    both = contrib.ghost_cost([o, ids])
+    both = assembly.ghost_cost([o, ids])
     assert both == strip_entries(T) * (R + C + contrib.MEMORY_COST) + strip_entries(T) * (1 + C + contrib.MEMORY_COST) \
         + 2 * T * T * (1 + C + contrib.MEMORY_COST)
 
@@ -102,18 +97,18 @@ def test_other_devices_form_one_full_product():
     """Strips are a CPU path: on any other device (meta here, standing for CUDA, where 16 strips made the step
     launch-bound on an H200) a Gram is one product, and the engine's cost model counts it whole."""
     T, R, C = 160, 576, 1536
-    assert contrib.gram_strips("cpu") == contrib.GRAM_STRIPS > 1 and contrib.gram_strips("cuda") == 1
+    assert strips_module.gram_strips("cpu") == strips_module.GRAM_STRIPS > 1 and strips_module.gram_strips("cuda") == 1
     assert strip_bounds(T, "cuda") == [(0, T)] and strip_entries(T, "cuda") == T * T
     assert strip_entries(T, "cpu") < T * T
     (one,) = sym_strips(torch.zeros(2, T, 8, device="meta"))
     assert one.shape == (2, T, T)
     o = Outer(torch.zeros(1, T, R, device="meta"), torch.zeros(1, T, C, device="meta"), (R, C))
-    assert contrib.ghost_cost([o]) == T * T * (R + C + contrib.MEMORY_COST)
+    assert assembly.ghost_cost([o]) == T * T * (R + C + contrib.MEMORY_COST)
 
 
 def test_one_full_strip_is_the_plain_inner_product(monkeypatch):
     """A single strip (the path other devices take) counts each entry once."""
-    monkeypatch.setattr(contrib, "GRAM_STRIPS", 1)
+    monkeypatch.setattr(strips_module, "GRAM_STRIPS", 1)
     gen = torch.Generator().manual_seed(1)
     a = torch.randn(3, 70, 9, generator=gen, dtype=torch.float64)
     b = torch.randn(3, 70, 5, generator=gen, dtype=torch.float64)

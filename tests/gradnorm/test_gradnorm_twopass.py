@@ -97,8 +97,9 @@ def test_rows_gram_slices_equal_one_product():
 
 
 def test_tf32_only_for_a_half_precision_models_factors_on_cuda():
-    from oblr.gradnorm import contrib
-    from oblr.gradnorm.contrib import Dense, Outer, half_factors, tf32_eligible, tf32_products
+    from oblr.gradnorm import precision
+    from oblr.gradnorm.contrib import Dense, Outer
+    from oblr.gradnorm.precision import half_factors, tf32_eligible, tf32_products
 
     assert tf32_eligible("cuda", [torch.bfloat16, torch.float16])
     assert not tf32_eligible("cuda", [torch.bfloat16, torch.float32])  # a float32 model: full precision
@@ -128,11 +129,11 @@ def test_tf32_only_for_a_half_precision_models_factors_on_cuda():
         assert m.fp32_precision == "ieee"
     finally:
         m.fp32_precision = before[1]
-    contrib.TF32_HALF_PRODUCTS = False
+    precision.TF32_HALF_PRODUCTS = False
     try:
         assert not tf32_eligible("cuda", [torch.bfloat16])
     finally:
-        contrib.TF32_HALF_PRODUCTS = True
+        precision.TF32_HALF_PRODUCTS = True
 
 
 def test_a_norm_pass_that_fails_leaves_no_stale_answers():

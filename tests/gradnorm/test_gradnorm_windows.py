@@ -10,8 +10,8 @@ from conftest import tiny_qwen3
 from gradnorm_helpers import make_batch, rel_err
 
 from oblr.gradnorm import BookKeeper, Outer, loop_per_sequence_grads
-from oblr.gradnorm.contrib import token_windows
 from oblr.gradnorm.reference import trainable_parameters
+from oblr.gradnorm.windows import token_windows
 from oblr.logprobs import forward_logits, gather_logprobs, sequence_logprobs
 
 TOL = 1e-4
@@ -72,9 +72,9 @@ def test_windows_match_loop(left_pad):
 def test_token_windows_reads_whole_tokens_where_the_probe_sees_zeros(dtype):
     """Tokens whose first elements are zero but not the rest, at a row's edges and inside it; -0.0 and NaN
     (a layer's output gradient is -0.0 on padding and prompt tokens, e.g. gate_proj's)."""
-    from oblr.gradnorm import contrib
+    from oblr.gradnorm import windows
 
-    n = contrib.WINDOW_PROBE + 5
+    n = windows.WINDOW_PROBE + 5
     g = torch.zeros(4, 12, n, dtype=dtype)
     g[0, 3:9] = 1.0
     g[0, 1, -1] = 2.0  # zero where the probe looks: still the window's first token
@@ -84,7 +84,7 @@ def test_token_windows_reads_whole_tokens_where_the_probe_sees_zeros(dtype):
     g[2, 8, -1] = -0.0  # -0.0 is zero: it does not widen the window
     g[3, 2, 0] = float("nan")
     c = Outer(g, torch.randn(4, 12, 3), (n, 3))
-    first, last = contrib.token_windows(c)
+    first, last = windows.token_windows(c)
     assert first[:2] == [1, 5] and last[:2] == [11, 6]
     assert (first[2], last[2]) == (4, 6)
     assert (first[3], last[3]) == (2, 3)

@@ -106,9 +106,9 @@ def test_timing_comparison_and_profile_rows(one_thread, tmp_path):
         assert r["time_vs_grpo"] > 0 and "aten::" in r["profile"]
         n = r["norm_products"]
         assert n["w_rel_diff"] == 0 and n["gk_rel_diff"] == 0 and n["grad_rel_diff"] == 0
-    from oblr.gradnorm import contrib
+    from oblr.gradnorm import precision
 
-    assert contrib.TF32_HALF_PRODUCTS  # restored
+    assert precision.TF32_HALF_PRODUCTS  # restored
 
 
 def test_lora_rows(one_thread, tmp_path):

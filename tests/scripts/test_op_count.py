@@ -19,9 +19,9 @@ def test_counts_and_refusals(capsys):
     assert sum(n for _, n in res["oblr_ckpt"]["top"]) <= res["oblr_ckpt"]["total"]
     assert "oblr_ckpt" in capsys.readouterr().out
     gpu = op_count.main(["--layers", "2", "--plans", "oblr", "--gpu-paths"])
-    from oblr.gradnorm import contrib
+    from oblr.gradnorm import strips, windows
 
-    assert contrib.GRAM_STRIPS == 16 and contrib.TRIM_MIN_FRACTION == 0.1  # restored
+    assert strips.GRAM_STRIPS == 16 and windows.TRIM_MIN_FRACTION == 0.1  # restored
     assert gpu["oblr"]["total"] > 0
     for argv, msg in ((["--plans", "fast"], "--plans: unknown ['fast']"), (["--layers", "0"], "--layers must be")):
         with pytest.raises(SystemExit):

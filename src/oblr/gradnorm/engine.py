@@ -35,22 +35,13 @@ import torch
 from torch import nn
 
 from ..logprobs import sequence_logprobs, token_logprobs
-from .contrib import (
-    Dense,
-    GramCache,
-    Grouping,
-    Outer,
-    grouped_sums,
-    half_factors,
-    keep_dense,
-    materialized_sum,
-    regroup_for_products,
-    sq_norm,
-    tf32_products,
-    token_windows,
-)
+from .assembly import grouped_sums, keep_dense, materialized_sum, sq_norm
+from .contrib import Dense, Grouping, Outer, regroup_for_products
 from .layers import Rule, rule_for
 from .methods import CHECKPOINTED_ENGINES, NORMS_METHODS
+from .precision import half_factors, tf32_products
+from .strips import GramCache
+from .windows import token_windows
 
 
 class UnsupportedModuleError(ValueError):
@@ -300,7 +291,7 @@ class BookKeeper:
 
     def _add(self, e: _Entry, c) -> None:
         """Store a contribution. Under ``method="auto"`` an Outer whose per-row gradients [B, R, C] take little
-        memory next to its factors (``contrib.keep_dense``) is materialised now, once, so that every later
+        memory next to its factors (``assembly.keep_dense``) is materialised now, once, so that every later
         query is a cheap reduction; dense contributions of one parameter are summed."""
         if self.method == "auto" and keep_dense(c):
             c = Dense(c.regroup(Grouping.rows(c.K)).materialize(), owned=True)
@@ -385,7 +376,7 @@ class BookKeeper:
         Returns ``||sum_{i: group_ids[i] = k} coeffs[i] s_i||^2`` for each distinct id k (sorted), [K] float32:
         the same numbers as :meth:`group_sq_norms` and the same ``.grad`` as :meth:`accumulate_grad`, but the
         weighted gradient is assembled as the sum of the materialised per-group sums, so the group norms
-        need no pass of their own (``contrib.grouped_sums``).
+        need no pass of their own (``assembly.grouped_sums``).
         """
         self._check(coeffs)
         grp = Grouping.from_groups(coeffs.to(self._device), group_ids.to(self._device))

@@ -12,26 +12,18 @@ parameter the cross block ``X_ab[k, p, q] = <G_a[index[k, p]], G_b[index[k, q]]>
   (memory ``(M T)^2`` per group, cost ``~ (M T)^2 (R + C)``), or
 - materialised per-row gradients ``Z`` [M, R C] and ``Z_a Z_b^T`` (memory ``M R C``, cost ``~ M T R C``),
 
-chosen per parameter like :func:`oblr.gradnorm.contrib.use_ghost` (``method`` "auto" | "ghost" |
+chosen per parameter like :func:`oblr.gradnorm.assembly.use_ghost` (``method`` "auto" | "ghost" |
 "materialize"). All arithmetic is float32 (products of a half-precision model's factors as TF32 on CUDA, exact
-for those values: :func:`oblr.gradnorm.contrib.tf32_products`).
+for those values: :func:`oblr.gradnorm.precision.tf32_products`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .contrib import (
-    MEMORY_COST,
-    Dense,
-    Grouping,
-    Outer,
-    _chunks,
-    _left_gram,
-    _numel,
-    half_factors,
-    tf32_products,
-)
+from .assembly import chunks, left_gram
+from .contrib import MEMORY_COST, Dense, Grouping, Outer, numel
+from .precision import half_factors, tf32_products
 
 Tensor = torch.Tensor
 
@@ -75,7 +67,7 @@ def _use_ghost(contribs: list, M: int, method: str) -> bool:
         mat += M * (T * C * (1 if a.is_index else R) + MEMORY_COST * R * C)
         for b in contribs:
             ghost += (M * a.T) * (M * b.T) * ((1 if a.is_index or b.is_index else R) + C + MEMORY_COST)
-    mat += M * M * _numel(contribs[0].shape)
+    mat += M * M * numel(contribs[0].shape)
     return ghost < mat
 
 
@@ -116,7 +108,7 @@ def group_gram(contribs: list, grp: Grouping, method: str = "auto", mask: bool =
     """``[K, M, M]`` Gram of the per-row sums of ``contribs`` (all of one parameter) within each group.
 
     Products of a half-precision model's factors (the ghost Grams, the per-row gradients) run as TF32 on
-    CUDA (:func:`oblr.gradnorm.contrib.tf32_products`: exact for those values); the Gram of accumulated
+    CUDA (:func:`oblr.gradnorm.precision.tf32_products`: exact for those values); the Gram of accumulated
     per-row gradients (:func:`rows_gram`) does not. ``mask=False`` leaves the entries of padding slots
     (scale 0) unzeroed, for a caller that sums many Grams and masks the sum once (:func:`mask_padding`)."""
     out = _group_gram(contribs, grp, method)
@@ -133,12 +125,12 @@ def _group_gram(contribs: list, grp: Grouping, method: str) -> Tensor:
     index = grp.index
     K, M = index.shape
     tf32 = half_factors(contribs)
-    chunks = list(_chunks(K, M * _numel(contribs[0].shape)))
+    ranges = list(chunks(K, M * numel(contribs[0].shape)))
     ghost = _use_ghost(contribs, M, method)
     if not ghost:
         if len(contribs) == 1 and isinstance(contribs[0], Dense) and grp.contiguous:  # a view, no copy
             return rows_gram(contribs[0].z.reshape(K, M, -1))
-        if len(chunks) == 1:  # one chunk of groups: no buffer to fill
+        if len(ranges) == 1:  # one chunk of groups: no buffer to fill
             with tf32_products(tf32):
                 z = _rows_materialized(contribs[0], index, 0, K, grp.contiguous)
                 for c in contribs[1:]:
@@ -150,14 +142,14 @@ def _group_gram(contribs: list, grp: Grouping, method: str) -> Tensor:
         for i, a in enumerate(gathered):
             for j in range(i, len(gathered)):
                 b = gathered[j]
-                for k0, k1 in _chunks(K, 2 * a.T * b.T):
+                for k0, k1 in chunks(K, 2 * a.T * b.T):
                     ac, bc = a.slice(k0, k1), b.slice(k0, k1)
                     with tf32_products(tf32):
-                        prod = _left_gram(ac, bc) * torch.bmm(ac.right, bc.right.transpose(1, 2))
+                        prod = left_gram(ac, bc) * torch.bmm(ac.right, bc.right.transpose(1, 2))
                     x = prod.reshape(k1 - k0, M, a.T // M, M, b.T // M).sum((2, 4))
                     out[k0:k1] += x if i == j else x + x.transpose(1, 2)
     else:
-        for k0, k1 in chunks:
+        for k0, k1 in ranges:
             with tf32_products(tf32):
                 z = _rows_materialized(contribs[0], index, k0, k1, grp.contiguous)
                 for c in contribs[1:]:

@@ -6,7 +6,7 @@ trainable parameters, so nothing of a layer is held by the engine between the fo
 non-reentrant checkpointing the Tap's saved input is dropped after the forward and recomputed, with the layer,
 right before the layer's backward. Like the one-pass :class:`~oblr.gradnorm.engine.BookKeeper` it then *keeps*
 each layer's contributions -- the per-row gradients ``[B, R, C]`` where those take no more memory than their
-factors (``contrib.keep_dense``, the usual case once a row's tokens outnumber the layer's width), else the
+factors (``assembly.keep_dense``, the usual case once a row's tokens outnumber the layer's width), else the
 factors -- and serves every query and the weighted gradient from them, so **no gradient pass runs**:
 
 1. ``record()``: the forward, hooks as in the two-pass engine;
@@ -32,8 +32,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .contrib import Grouping, half_factors, tf32_products
+from .contrib import Grouping
 from .engine import BookKeeper, _add_grad, _Hooked
+from .precision import half_factors, tf32_products
 from .twopass import TwoPassBookKeeper, _add_to_row_sum
 
 

@@ -35,9 +35,10 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .contrib import Dense, Grouping, half_factors, tf32_products
+from .contrib import Dense, Grouping
 from .engine import BookKeeper, _Hooked
 from .gram import group_gram, mask_padding
+from .precision import half_factors, tf32_products
 
 
 class _Tap(torch.autograd.Function):

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from ..contrib import Contribution, Grouping, materialized_sum
+from ..assembly import materialized_sum
+from ..contrib import Contribution, Grouping
 
 RuleFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, frozenset], dict[str, Contribution]]
 
