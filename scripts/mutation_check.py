@@ -117,7 +117,7 @@ M = [
      "        left, right = self.left, self.right\n",
      ["tests/gradnorm/test_gradnorm_half.py", "tests/gradnorm/test_gradnorm_engine.py"]),
     ("kept-dense per-row gradients materialised in the half dtype (regroup skipped)",
-     "w_i, group norms (bf16/fp16 model, one-pass auto)", "src/oblr/gradnorm/engine.py",
+     "w_i, group norms (bf16/fp16 model, one-pass auto)", "src/oblr/gradnorm/stored.py",
      "c = Dense(c.regroup(Grouping.rows(c.K)).materialize(), owned=True)", "c = Dense(c.materialize(), owned=True)",
      ["tests/gradnorm/test_gradnorm_half.py", "tests/gradnorm/test_gradnorm_engine.py"]),
     ("windowed per-row products of the weighted gradient in the half dtype", "gradient, group norms (bf16/fp16)",

@@ -34,7 +34,7 @@ Terms, for a Qwen3-architecture decoder (``Shape``) and a micro-batch of ``B`` s
 - ``oblr_recompute`` (:class:`oblr.gradnorm.RecomputeBookKeeper`: checkpointing on, one activation-gradient
   backward, each recomputed layer's contributions kept, no gradient pass): the checkpointed activations, the
   one-pass engine's 4 logit-sized tensors at the start of its backward (it forms no weight gradient), and the
-  kept contributions (:func:`kept_bytes`, derived from ``contrib.keep_dense``: per trainable weight the
+  kept contributions (:func:`kept_bytes`, derived from ``assembly.keep_dense``: per trainable weight the
   smaller of its float32 per-row gradients ``4 B R C`` and its factors ``B T (R + C)`` in the activation
   dtype, an input shared by q/k/v or gate/up counted once; norm weights dense; the output layer's float32
   per-row sum ``4 B V h`` when it runs in chunks; with LoRA only the adapters'), which grow through the
@@ -51,7 +51,7 @@ the one-pass and recompute plans is counted entry by entry with its float32 grou
 (:func:`assembly_bytes`). The counts are
 derived from the code paths; the one-pass ``4h`` in-flight term and the two-pass norm-pass term were read off
 the CPU measurements, so they are calibrated, not derived. The ``oblr_recompute`` terms are derived (from
-``contrib.keep_dense``, ``RecomputeBookKeeper._take`` and ``oblr.update``'s order: backward, entropy,
+``assembly.keep_dense``, ``RecomputeBookKeeper._take``/``_keep`` and ``oblr.update``'s order: backward, entropy,
 assembly) and were located with torch.profiler memory events on the CPU cases; the one choice read off them
 is where the backward's peak falls: inside the bottom layer, before that layer's own contributions exist.
 KL (``algorithm.kl_coef > 0``) is not modelled: its first backward retains the graph, so the activations
@@ -68,7 +68,7 @@ PLANS = ("grpo", "oblr", "grpo_ckpt", "oblr_ckpt", "oblr_recompute")
 LOGIT_MULT = {"grpo": 5, "oblr": 4, "grpo_ckpt": 5, "oblr_ckpt": 5, "oblr_recompute": 4}
 CHECKPOINTED = ("grpo_ckpt", "oblr_ckpt", "oblr_recompute")
 GIB = 2**30
-#: mirrors of ``oblr.gradnorm.contrib.KEEP_DENSE_SLACK`` and ``CHUNK_ELEMS`` (tests check they agree)
+#: mirrors of ``oblr.gradnorm.assembly.KEEP_DENSE_SLACK`` and ``CHUNK_ELEMS`` (tests check they agree)
 KEEP_DENSE_SLACK = 1.0
 CHUNK_ELEMS = 1 << 26
 #: the modules LoRA adapts by default (``model.lora_targets``)
@@ -156,7 +156,7 @@ def linears(s: Shape) -> list[tuple[str, int, int, str]]:
 
 
 def keep_dense(R: int, C: int, T: int, factor_bytes: int = 4, index: bool = False) -> bool:
-    """``contrib.keep_dense``: a per-row gradient [R, C] float32 no larger than its factors ``T x (R + C)``
+    """``assembly.keep_dense``: a per-row gradient [R, C] float32 no larger than its factors ``T x (R + C)``
     elements of ``factor_bytes`` (``index``: the left factor is token ids, 8 bytes each)."""
     left = 8 if index else R * factor_bytes
     return 4 * R * C <= KEEP_DENSE_SLACK * T * (left + C * factor_bytes)
@@ -196,7 +196,7 @@ def kept_bytes(s: Shape, batch: int, tokens: int, act_bytes: int = 4, logit_chun
     :class:`oblr.gradnorm.RecomputeBookKeeper` keeps them as the one-pass engine's ``_add`` does).
 
     Per trainable weight ``[R, C]``: its per-row gradients ``4 B R C`` (float32) when ``keep_dense`` says they
-    are no larger than the factors (mirrors ``contrib.keep_dense``), else the factors -- the output gradient
+    are no larger than the factors (mirrors ``assembly.keep_dense``), else the factors -- the output gradient
     ``B T R`` and the input ``B T C`` in ``act_bytes``, the input counted once for the weights that read the
     same tensor (q/k/v, gate/up). ``layers``: the decoder weights; ``norms``: the RMSNorm weights (dense,
     ``4 B n``); ``head``: the output layer, with a tied embedding's token-id part (folded into the head's
@@ -264,7 +264,7 @@ def _entries(s: Shape, tokens: int, act_bytes: int, logit_chunk: int, head_train
 
 
 def entry_work_units(n: int, dense: bool, groups: int, chunk_elems: int = CHUNK_ELEMS) -> int:
-    """Float32 ``[R, C]`` tensors (``n = R C`` elements) that ``contrib.grouped_sums`` holds at once for one
+    """Float32 ``[R, C]`` tensors (``n = R C`` elements) that ``assembly.grouped_sums`` holds at once for one
     entry and ``groups`` groups (:func:`assembly_bytes`)."""
     step = min(groups, max(1, chunk_elems // n))
     return (groups if dense else step) + 1 + (1 < step < groups)
@@ -276,7 +276,7 @@ def assembly_bytes(s: Shape, batch: int, tokens: int, groups: int = 0, act_bytes
     """Peak of the one-pass assembly (``BookKeeper.accumulate_grad_with_group_norms``, which the recompute
     engine shares) above what it reads: the entries one after another (:func:`_entries`), each with the
     gradients formed before it (all of them with ``grads_live``) and its own float32 working set in
-    ``contrib.grouped_sums``, in ``[R, C]`` units for ``K = groups`` groups (0: one per sequence): an entry kept
+    ``assembly.grouped_sums``, in ``[R, C]`` units for ``K = groups`` groups (0: one per sequence): an entry kept
     dense (one per-row sum) is regrouped into a new ``[K, R, C]`` and read in views, ``K + 1`` with the running
     total; an entry kept as factors forms ``s = min(K, CHUNK_ELEMS / (R C))`` groups at a time, ``s + 1``; either
     takes one more for the chunk's sum when it runs in several chunks of more than one group (the regrouping

@@ -216,7 +216,7 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     if settings.logit_chunk_tokens and source == "logit_energy":
         raise ValueError(f"baseline {settings.baseline!r} weighs outputs by their logits, which "
                          "logit_chunk_tokens never holds whole; set it to 0")
-    if settings.logit_chunk_tokens and book is not None and not book._accepts_checkpointing:
+    if settings.logit_chunk_tokens and book is not None and not book.checkpointed:
         raise ValueError("logit_chunk_tokens with exact norms needs activation checkpointing (a checkpointed engine): "
                          "the one-pass engine keeps every chunk's logit gradients anyway")
 

@@ -44,15 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 #: edges the checks leave out, each with its reason; an entry whose edge no longer exists fails
 #: (test_the_allowed_edges_still_exist), so the list only shrinks
-ALLOWED: dict[tuple[str, str], str] = {
-    # issue 40's engine work on src/oblr/gradnorm/ (another engineer's restructuring; remove these entries with
-    # it): the two-pass engine asks the distributed layer above it whether a layer is FSDP2-sharded ...
-    ("oblr.gradnorm.twopass", "oblr.distributed"): "issue 40 engine work: gradnorm -> distributed",
-    ("oblr.gradnorm.twopass", "oblr.distributed.fsdp"): "issue 40 engine work: gradnorm -> distributed",
-    # ... and make_book (engine.py) imports the checkpointed engines, which import engine.py back
-    ("oblr.gradnorm.engine", "oblr.gradnorm.recompute"): "issue 40 engine work: engine <-> recompute",
-    ("oblr.gradnorm.engine", "oblr.gradnorm.twopass"): "issue 40 engine work: engine <-> twopass",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> dict[str, Path]:

@@ -168,10 +168,10 @@ def test_a_failed_backward_answers_nothing_and_misuse_is_refused():
 def test_a_sharded_model_without_a_grad_sink_is_refused(monkeypatch):
     """On an FSDP2-sharded model the increments must go to the sharded .grad (a grad_sink); written as whole
     tensors into DTensor parameters they would be wrong, so the engine refuses before any forward."""
-    import oblr.distributed.fsdp as fsdp
+    import oblr.gradnorm.recompute as recompute
 
     model = _ckpt(tiny_qwen3(seed=3))
-    monkeypatch.setattr(fsdp, "is_sharded", lambda m: True)
+    monkeypatch.setattr(recompute, "fsdp_sharded", lambda m: True)
     with pytest.raises(ValueError, match="FSDP2-sharded model needs a grad_sink"):
         RecomputeBookKeeper(model)
     RecomputeBookKeeper(model, grad_sink=lambda p, inc: None)  # with a sink: accepted

@@ -7,7 +7,9 @@
 - :class:`TwoPassBookKeeper` -- the same with activation checkpointing on: a norm pass that keeps only
   per-group Grams, then an ordinary backward for the gradient;
 - :class:`RecomputeBookKeeper` -- with activation checkpointing on, the one-pass book-keeping taken from the
-  recomputed layers: no second backward, each layer's contributions kept; :func:`make_book` picks the engine.
+  recomputed layers: no second backward, each layer's contributions kept;
+- :data:`ENGINES` -- the three engines by name (``one_pass``, ``two_pass``, ``recompute``; all subclasses of
+  :class:`Book`); :func:`make_book` picks the one a model needs through it.
 - :func:`register_rule` -- add a rule for another module type.
 - :mod:`oblr.gradnorm.reference` -- the slow exact loop; :mod:`oblr.gradnorm.proxies` -- forward-only proxies.
 See docs/gradnorm.md. The names below are imported from their modules on first use (:mod:`oblr._lazy`), so
@@ -19,10 +21,12 @@ from typing import TYPE_CHECKING
 from oblr._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from .book import Book, UnsupportedModuleError
     from .contrib import Dense, Grouping, Outer
-    from .engine import BookKeeper, UnsupportedModuleError, make_book, sequence_grad_sq_norms
+    from .engine import ENGINES, make_book
     from .layers import register_rule, register_structural_rule, registered_types
     from .methods import CHECKPOINTED_ENGINES, METHODS, NORMS_METHODS
+    from .onepass import BookKeeper, sequence_grad_sq_norms
     from .proxies import length_weights, logit_energy_weights
     from .recompute import RecomputeBookKeeper
     from .reference import (
@@ -35,8 +39,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINTED_ENGINES",
+    "ENGINES",
     "METHODS",
     "NORMS_METHODS",
+    "Book",
     "BookKeeper",
     "Dense",
     "Grouping",
@@ -60,7 +66,9 @@ __all__ = [
 _EXPORTS = {  # module -> the names this package exports from it (the imports above)
     ".methods": ["CHECKPOINTED_ENGINES", "METHODS", "NORMS_METHODS"],
     ".contrib": ["Dense", "Grouping", "Outer"],
-    ".engine": ["BookKeeper", "UnsupportedModuleError", "make_book", "sequence_grad_sq_norms"],
+    ".book": ["Book", "UnsupportedModuleError"],
+    ".onepass": ["BookKeeper", "sequence_grad_sq_norms"],
+    ".engine": ["ENGINES", "make_book"],
     ".twopass": ["TwoPassBookKeeper"],
     ".recompute": ["RecomputeBookKeeper"],
     ".layers": ["register_rule", "register_structural_rule", "registered_types"],

@@ -2,8 +2,9 @@
 the exact-norm engines for a model with activation checkpointing on (:data:`CHECKPOINTED_ENGINES`, config key
 ``algorithm.checkpointed_engine``).
 
-Torch-free, so the config's choices load without the engine; :class:`oblr.gradnorm.engine.BookKeeper`
-implements each method.
+Torch-free, so the config's choices load without the engine; :class:`oblr.gradnorm.onepass.BookKeeper`
+implements each method, and :data:`oblr.gradnorm.engine.ENGINES` holds the engines themselves by name (its
+checkpointed entries are exactly :data:`CHECKPOINTED_ENGINES`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ NORMS_METHODS.register("materialize", "one backward; per-row gradients materiali
 NORMS_METHODS.register("loop", "slow exact reference: one backward per sequence")
 METHODS = tuple(NORMS_METHODS.names())
 
-# name -> what it does (:func:`oblr.gradnorm.make_book` builds it when activation checkpointing is on)
+# name -> what it does (:func:`oblr.gradnorm.make_book` builds ENGINES[name] when activation checkpointing is on)
 CHECKPOINTED_ENGINES = Registry("checkpointed exact-norm engine")
 CHECKPOINTED_ENGINES.register("two_pass", "TwoPassBookKeeper: a norm pass keeping per-prompt Grams only, then a "
                                           "second (ordinary) backward for the gradient")

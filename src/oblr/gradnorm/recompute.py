@@ -1,21 +1,22 @@
 """One-pass book-keeping under activation checkpointing: the contributions are taken from the recomputed layers.
 
 :class:`RecomputeBookKeeper` sits between the two other engines. Like the two-pass
-:class:`~oblr.gradnorm.twopass.TwoPassBookKeeper` it installs an identity ``_Tap`` after every module owning
-trainable parameters, so nothing of a layer is held by the engine between the forward and the backward: under
-non-reentrant checkpointing the Tap's saved input is dropped after the forward and recomputed, with the layer,
-right before the layer's backward. Like the one-pass :class:`~oblr.gradnorm.engine.BookKeeper` it then *keeps*
-each layer's contributions -- the per-row gradients ``[B, R, C]`` where those take no more memory than their
-factors (``assembly.keep_dense``, the usual case once a row's tokens outnumber the layer's width), else the
-factors -- and serves every query and the weighted gradient from them, so **no gradient pass runs**:
+:class:`~oblr.gradnorm.twopass.TwoPassBookKeeper` it installs an identity Tap (:mod:`oblr.gradnorm.taps`) after
+every module owning trainable parameters, so nothing of a layer is held by the engine between the forward and
+the backward: under non-reentrant checkpointing the Tap's saved input is dropped after the forward and
+recomputed, with the layer, right before the layer's backward. Like the one-pass
+:class:`~oblr.gradnorm.onepass.BookKeeper` it then *keeps* each layer's contributions -- the per-row gradients
+``[B, R, C]`` where those take no more memory than their factors (``assembly.keep_dense``, the usual case once a
+row's tokens outnumber the layer's width), else the factors -- and serves every query and the weighted gradient
+from them, so **no gradient pass runs**:
 
 1. ``record()``: the forward, hooks as in the two-pass engine;
 2. ``backward(seq_obj)``: one activation-gradient backward to the Taps' scalar (no weight gradient, each layer
    recomputed once); each Tap turns ``(x, g)`` into contributions and stores them as the one-pass engine does.
    A module called several times (the output layer in chunks) adds into one per-row sum instead;
 3. ``sq_norms``, ``group_sq_norms``, ``accumulate_grad`` and ``accumulate_grad_with_group_norms`` are the
-   one-pass engine's, on the stored contributions (``grad_sink`` honoured, so DDP and FSDP2 ranks work as they
-   do with it).
+   one-pass engine's, on the stored contributions (:mod:`oblr.gradnorm.stored`; ``grad_sink`` honoured, so DDP
+   and FSDP2 ranks work as they do with it).
 
 Cost with checkpointing, in forward-equivalents: forward 1 + recomputation 1 + activation gradients 1 + the
 per-row gradient products (about one weight-gradient product, 1) = ~4, a checkpointed GRPO step's count, plus
@@ -32,17 +33,18 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from .book import Entry
 from .contrib import Grouping
-from .engine import BookKeeper, _add_grad, _Hooked
 from .precision import half_factors, tf32_products
-from .twopass import TwoPassBookKeeper, _add_to_row_sum
+from .stored import StoredBook
+from .taps import TapBook, fsdp_sharded, refuse_loop
 
 
-class RecomputeBookKeeper(TwoPassBookKeeper):
+class RecomputeBookKeeper(TapBook, StoredBook):
     """Exact per-row norms, group norms and the weighted gradient with activation checkpointing on, from one
     activation-gradient backward whose recomputed layers' contributions are kept (module docstring).
 
-    Interface of :class:`~oblr.gradnorm.engine.BookKeeper`: ``backward(seq_obj, retain_graph=...)`` may be
+    Interface of :class:`~oblr.gradnorm.onepass.BookKeeper`: ``backward(seq_obj, retain_graph=...)`` may be
     called again with another objective of the same forward when ``retain_graph`` was given (the new
     contributions replace the old ones); every grouping can be queried; ``accumulate_grad`` returns the
     squared norm of what it added and may be called more than once. Hooks are removed when the last
@@ -53,15 +55,13 @@ class RecomputeBookKeeper(TwoPassBookKeeper):
 
     def __init__(self, model: nn.Module, method: str = "auto", allow_loop_fallback: bool = False,
                  grad_sink=None):
-        if method == "loop":
-            raise ValueError("RecomputeBookKeeper: method 'loop' is the one-pass BookKeeper's reference; use "
-                             "BookKeeper")
-        super().__init__(model, method=method)  # grad_sink=None: the two-pass check would refuse it off FSDP2
+        refuse_loop("RecomputeBookKeeper", method)
+        self._fsdp = fsdp_sharded(model)
+        super().__init__(model, method=method, grad_sink=grad_sink)
         if self._fsdp and grad_sink is None:
             raise ValueError("RecomputeBookKeeper: an FSDP2-sharded model needs a grad_sink for the sharded .grad "
                              "(oblr.distributed.fsdp.ShardedGradSink, as oblr.update is given one); without it the "
                              "whole gradients would be written into the DTensor parameters")
-        self._sink = _add_grad if grad_sink is None else grad_sink
         self._retained = False
 
     @contextmanager
@@ -89,10 +89,7 @@ class RecomputeBookKeeper(TwoPassBookKeeper):
         self._batch = None  # queries refuse until this pass completes
         B = seq_obj.shape[0]
         self._B = B
-        self._summed_entries = set()
-        for h in self._hooked:
-            if self._calls.get(id(h), 0) > 1:
-                self._summed_entries |= {id(e) for e in h.params.values()}
+        self._summed_entries = self._summed()
         for e in self._entries:
             e.contribs = []
         self._grp = Grouping.rows(B)  # marks "inside the pass" for the Taps (the two-pass engine's flag)
@@ -111,24 +108,12 @@ class RecomputeBookKeeper(TwoPassBookKeeper):
         self._batch = B
         self._device = seq_obj.device
 
-    def _take(self, h: _Hooked, x: torch.Tensor, g: torch.Tensor) -> None:
-        B = self._B
-        if x.shape[0] != B or g.shape[0] != B:
-            raise ValueError(f"module '{h.path}': batch dim {x.shape[0]}/{g.shape[0]} != B={B}; "
-                             "the engine needs batch-first activations with independent rows")
-        for lname, c in h.rule.fn(h.module, x, g.detach(), h.names).items():
-            e = h.params[lname]
-            if id(e) in self._summed_entries:  # a module called several times: one running per-row sum
-                _add_to_row_sum(e, c, B, g.device)
-            else:
-                with tf32_products(half_factors([c])):
-                    self._add(e, c)
+    def _keep(self, e: Entry, c) -> None:
+        """Stored as the one-pass engine stores it (:meth:`oblr.gradnorm.stored.StoredBook._add`)."""
+        with tf32_products(half_factors([c])):
+            self._add(e, c)
 
-    # ------------------------------------------------------------------ queries: the one-pass engine's
-    sq_norms = BookKeeper.sq_norms
-    group_sq_norms = BookKeeper.group_sq_norms
-    accumulate_grad = BookKeeper.accumulate_grad
-    accumulate_grad_with_group_norms = BookKeeper.accumulate_grad_with_group_norms
+    # the queries are the one-pass engine's (StoredBook's), on the stored contributions
 
     def clear(self) -> None:
         """Remove the hooks and free every kept contribution."""

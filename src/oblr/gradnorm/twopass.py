@@ -1,14 +1,12 @@
 """Two-pass book-keeping for models with activation checkpointing: exact norms, nothing kept per layer.
 
-The one-pass :class:`~oblr.gradnorm.engine.BookKeeper` keeps every hooked layer's input and output gradient
+The one-pass :class:`~oblr.gradnorm.onepass.BookKeeper` keeps every hooked layer's input and output gradient
 until the coefficients are known, which defeats activation checkpointing. :class:`TwoPassBookKeeper` has the
 same interface and keeps only per-group Gram matrices:
 
 1. ``record()`` installs a forward hook on every module owning trainable parameters that replaces its output
-   ``y`` by ``_Tap(y, x, dummy)``: an identity whose node saves the layer input ``x`` (under non-reentrant
-   checkpointing a saved tensor is dropped after the forward and recomputed when unpacked, so this costs
-   nothing; the recomputation saves it again, so checkpoint's consistency check holds). ``dummy`` is one
-   scalar leaf every Tap takes. Parameters keep ``requires_grad``.
+   ``y`` by an identity Tap saving the layer input ``x`` (:mod:`oblr.gradnorm.taps`, shared with the recompute
+   engine: under non-reentrant checkpointing this costs nothing). Parameters keep ``requires_grad``.
 2. ``backward(seq_obj, group_ids=...)`` -- the *norm pass* -- runs ``autograd.grad(seq_obj.sum(), [dummy],
    retain_graph=True)``: it walks every Tap and computes activation gradients only (no weight gradient is
    on the path to ``dummy``). Each Tap's backward turns ``(x, g)`` into the layer's contributions with its
@@ -30,39 +28,19 @@ Cost with checkpointing: forward 1, norm pass (recompute 1 + activation gradient
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 from torch import nn
 
-from .contrib import Dense, Grouping
-from .engine import BookKeeper, _Hooked
+from .book import Entry
+from .contrib import Grouping
 from .gram import group_gram, mask_padding
-from .precision import half_factors, tf32_products
+from .taps import TapBook, fsdp_sharded, refuse_loop
 
 
-class _Tap(torch.autograd.Function):
-    """Identity on ``y``; in the norm pass its backward hands ``(x, g)`` to the engine."""
-
-    @staticmethod
-    def forward(ctx, y, x, dummy, book, hooked):
-        ctx.save_for_backward(x)
-        ctx.book, ctx.hooked = book, hooked
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, g):
-        book = ctx.book
-        if book._grp is not None:  # norm pass (the gradient pass lets g through untouched)
-            (x,) = ctx.saved_tensors
-            book._take(ctx.hooked, x, g)
-        return g, None, None, None, None
-
-
-class TwoPassBookKeeper(BookKeeper):
+class TwoPassBookKeeper(TapBook):
     """Exact per-row norms, group norms and the weighted gradient with activation checkpointing on.
 
-    Same interface as :class:`~oblr.gradnorm.engine.BookKeeper` (``record``, ``backward``, ``sq_norms``,
+    Same interface as :class:`~oblr.gradnorm.onepass.BookKeeper` (``record``, ``backward``, ``sq_norms``,
     ``group_sq_norms``, ``accumulate_grad``, ``accumulate_grad_with_group_norms``, ``clear``) with these
     differences: ``backward`` takes the ``group_ids`` that later group queries will use (default: each row
     alone, so only ``sq_norms``); ``accumulate_grad*`` run a backward pass, so they may be called once per
@@ -74,69 +52,16 @@ class TwoPassBookKeeper(BookKeeper):
 
     def __init__(self, model: nn.Module, method: str = "auto", allow_loop_fallback: bool = False,
                  grad_sink=None):
-        if method == "loop":
-            raise ValueError("TwoPassBookKeeper: method 'loop' is the one-pass BookKeeper's reference; use BookKeeper")
-        from oblr.distributed.fsdp import is_sharded
-
-        self._fsdp = is_sharded(model)
+        refuse_loop("TwoPassBookKeeper", method)
+        self._fsdp = fsdp_sharded(model)
         if grad_sink is not None and not self._fsdp:
             raise ValueError("TwoPassBookKeeper: grad_sink is not supported (its gradient pass is an ordinary "
                              "backward that fills .grad)")
-        self._handles: list = []
-        self._dummy: torch.Tensor | None = None
-        self._grp: Grouping | None = None
         self._group_ids: torch.Tensor | None = None
         self._gram: torch.Tensor | None = None
         self._obj: torch.Tensor | None = None
         self._kept_entries: set[int] = set()
-        self._summed_entries: set[int] = set()
-        self._calls: dict[int, int] = {}
-        self._forwarding = False
-        super().__init__(model, method=method, allow_loop_fallback=False)
-
-    _accepts_checkpointing = True
-
-    # ------------------------------------------------------------------ recording
-    @contextmanager
-    def record(self):
-        """Install the Tap hooks; the forward pass runs inside. Hooks stay until the gradient pass or clear()."""
-        hooked = self._begin_record()
-        self._dummy = torch.zeros((), requires_grad=True)
-        self._calls = {}
-        try:
-            for h in hooked:
-                self._handles.append(h.module.register_forward_hook(self._tap_hook(h), with_kwargs=True))
-            self._recording = self._forwarding = True
-            with torch.enable_grad():
-                yield self
-        except BaseException:
-            self.clear()
-            raise
-        finally:
-            self._recording = self._forwarding = False
-
-    def _tap_hook(self, h: _Hooked):
-        def hook(module, args, kwargs, output):
-            if self._forwarding:
-                if not torch.is_grad_enabled():
-                    raise RuntimeError(f"gradnorm: module '{h.path}' ({type(module).__qualname__}) ran with "
-                                       "gradients disabled inside record() (torch.no_grad or reentrant "
-                                       "checkpointing: enable it with use_reentrant=False)")
-                self._calls[id(h)] = self._calls.get(id(h), 0) + 1
-            elif not torch.is_grad_enabled():
-                return None  # a no-grad forward between record() and the gradient pass: not part of the graph
-            x = args[0] if args else next(iter(kwargs.values()), None)
-            if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor):
-                raise TypeError(f"gradnorm: module '{h.path}' ({type(module).__qualname__}) must take a tensor "
-                                f"as first input and return a tensor")
-            return _Tap.apply(output, x.detach(), self._dummy, self, h)
-
-        return hook
-
-    def _remove_hooks(self) -> None:
-        for hd in self._handles:
-            hd.remove()
-        self._handles = []
+        super().__init__(model, method=method)
 
     # ------------------------------------------------------------------ norm pass
     def backward(self, seq_obj: torch.Tensor, *, retain_graph: bool = False, group_ids=None) -> None:
@@ -162,10 +87,7 @@ class TwoPassBookKeeper(BookKeeper):
         self._gram = torch.zeros(self._grp.index.shape + (self._grp.index.shape[1],), device=dev)
         by_id = {id(e.param): e for e in self._entries}
         self._kept_entries = {id(e) for e in by_id.values() if len(e.owners) > 1}
-        self._summed_entries = set()
-        for h in self._hooked:
-            if self._calls.get(id(h), 0) > 1:
-                self._summed_entries |= {id(e) for e in h.params.values()}
+        self._summed_entries = self._summed()
         self._kept_entries |= self._summed_entries
         for e in self._entries:
             e.contribs = []
@@ -185,19 +107,13 @@ class TwoPassBookKeeper(BookKeeper):
         self._batch = B
         self._device = dev
 
-    def _take(self, h: _Hooked, x: torch.Tensor, g: torch.Tensor) -> None:
-        B = self._B
-        if x.shape[0] != B or g.shape[0] != B:
-            raise ValueError(f"module '{h.path}': batch dim {x.shape[0]}/{g.shape[0]} != B={B}; "
-                             "the engine needs batch-first activations with independent rows")
-        for lname, c in h.rule.fn(h.module, x, g.detach(), h.names).items():
-            e = h.params[lname]
-            if id(e) in self._summed_entries:  # a module called several times (a chunked output layer)
-                _add_to_row_sum(e, c, B, g.device)
-            elif id(e) in self._kept_entries:
-                e.contribs.append(c)
-            else:
-                self._gram += group_gram([c], self._grp, self.method, mask=False)
+    def _keep(self, e: Entry, c) -> None:
+        """A parameter with several owners or calls keeps ``c`` for its cross terms; any other is reduced into the
+        Grams at once."""
+        if id(e) in self._kept_entries:
+            e.contribs.append(c)
+        else:
+            self._gram += group_gram([c], self._grp, self.method, mask=False)
 
     # ------------------------------------------------------------------ queries
     def sq_norms(self) -> torch.Tensor:
@@ -244,28 +160,6 @@ class TwoPassBookKeeper(BookKeeper):
 
     def clear(self) -> None:
         """Remove the hooks and free the graph reference, the Grams and any kept contribution."""
-        self._remove_hooks()
-        self._obj = self._gram = self._dummy = self._group_ids = None
-        self._grp = None
+        self._obj = self._gram = self._group_ids = None
         self._grp_done = None
-        self._calls = {}
         super().clear()
-
-    # _plan is shared with BookKeeper; keep the hooked modules for the kept-entry decision
-    def _plan(self):
-        hooked = super()._plan()
-        self._hooked = hooked
-        return hooked
-
-
-def _add_to_row_sum(e, c, B: int, device) -> None:
-    """Add contribution ``c`` into ``e``'s one running float32 per-row sum ``[B, *shape]`` (created on first use):
-    a module called several times (a chunked output layer) keeps that sum, never a list of factors."""
-    if not e.contribs:
-        e.contribs.append(Dense(torch.zeros((B, *c.shape), dtype=torch.float32, device=device), owned=True))
-    acc = e.contribs[0].z
-    if isinstance(c, Dense):
-        acc += c.z
-    else:
-        with tf32_products(half_factors([c])):
-            c.add_to(acc)

@@ -19,12 +19,8 @@ are numerically verified against autograd once per class before first use.
 
 from . import embedding, linear, norms  # noqa: E402,F401  (register the built-in rules)
 from .base import (  # noqa: F401  (the registry and its helpers, re-exported)
-    _RULES,
-    _STRUCTURAL,
-    _VERIFIED,
     Rule,
     RuleFn,
-    _probe_param,
     register_rule,
     register_structural_rule,
     registered_types,

@@ -146,7 +146,9 @@ class OBLRGRPOTrainer(GRPOTrainer):
             raise ValueError("OBLRGRPOTrainer: activation_checkpointing=True is not supported under DeepSpeed ZeRO-3 "
                              "(untested there, and TRL forces reentrant checkpointing for peft models); use "
                              "activation_checkpointing=False or ZeRO-1/2")
-        make_book(self.model)  # fails now, naming the module, if a layer has no rule
+        # the engine the update core will build (oblr.gradnorm.ENGINES): fails now, naming the module, if a layer
+        # has no rule
+        make_book(self.model, engine=args.oblr_checkpointed_engine)
         self._oblr_fold = not self.is_deepspeed_enabled
         self._oblr_check_kl()
         self._oblr_rewards_per_func = None
