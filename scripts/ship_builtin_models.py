@@ -1,8 +1,8 @@
 """Build the three built-in models from their recipes and ship them in the package (src/oblr/models/weights).
 
-    python scripts/ship_builtin_models.py --work /tmp/builds            # build all three (1 thread each), ship
-    python scripts/ship_builtin_models.py --work /tmp/builds --only builtin:tiny-arith
-    python scripts/ship_builtin_models.py --work /tmp/builds --no-build  # ship builds already in --work
+    python scripts/ship_builtin_models.py --work runs/builtin-builds            # build all three (1 thread each), ship
+    python scripts/ship_builtin_models.py --work runs/builtin-builds --only builtin:tiny-arith
+    python scripts/ship_builtin_models.py --work runs/builtin-builds --no-build  # ship builds already in --work
 
 Each model is built by its recipe (:func:`oblr.models.builtin.build_builtin_model`,
 :func:`oblr.models.task_builtins.build_task_model`) with one torch thread, then copied with its metadata into
