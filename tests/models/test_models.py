@@ -299,7 +299,9 @@ def test_a_wait_on_a_build_lock_says_who_holds_it_and_since_when(tmp_path, monke
     since = time.time() - 42
     holder.write(f"4242 {since:.3f}\n")
     holder.flush()
-    monkeypatch.setattr(om, "LOCK_REPORT_EVERY_S", 0.3)
+    import oblr.models.cache as oc
+
+    monkeypatch.setattr(oc, "LOCK_REPORT_EVERY_S", 0.3)
     lines, got = [], threading.Event()
 
     def waiter():

