@@ -47,6 +47,7 @@ from trl.trainer.utils import use_adapter
 from oblr.distributed.collectives import all_reduce_grads, all_reduce_sum
 from oblr.distributed.collectives import grad_sq_norm as global_grad_sq_norm
 from oblr.gradnorm import make_book
+from oblr.losses import BatchTotals, sequence_scale
 from oblr.schedules import make_lr_controller
 from oblr.snr import snr_statistics
 from oblr.update import UpdateSettings, accumulate_policy_gradient, trainable_params
@@ -243,8 +244,9 @@ class OBLRGRPOTrainer(GRPOTrainer):
         self._metrics["train"]["oblr/unscorable_count"].append(float(unscorable.sum()))
         rewards = torch.where(unscorable, torch.zeros_like(rewards), rewards)
         loss_mask = out["completion_mask"] if "tool_mask" not in out else out["completion_mask"] * out["tool_mask"]
-        scale = torch.full((B,), 1.0 / (self.args.generation_batch_size * self.max_completion_length),
-                           dtype=torch.float32, device=rewards.device)
+        # c_i of TRL's dr_grpo loss: oblr's seq_sum_const over the generation batch at the completion limit
+        scale = sequence_scale(loss_mask, "seq_sum_const", max_len=self.max_completion_length,
+                               totals=BatchTotals(self.args.generation_batch_size, 0.0, loss_mask.shape[-1]))
         if "importance_sampling_ratio" in out:  # vLLM, sequence-level modes only (config): one ratio per row
             scale = scale * out["importance_sampling_ratio"].reshape(B).to(torch.float32)
         return GenerationBatch(

@@ -121,6 +121,7 @@ def norm_pass(module, data, actor_config, *, rollout_n: int, temperature: float 
     ``actor_config``: verl's actor config (``loss_scale_factor``, ``ppo_micro_batch_size_per_gpu`` and the
     settings :data:`~oblr.integrations.verl.RULES` checks); ``temperature``: the rollout's (verl divides the
     actor's logits by it); ``dp_group``: the actor's data-parallel process group (None: one rank)."""
+    from oblr.losses import BatchTotals, sequence_scale
     from oblr.update import UpdateSettings, accumulate_policy_gradient
 
     msg = refusal(actor_config)
@@ -133,7 +134,9 @@ def norm_pass(module, data, actor_config, *, rollout_n: int, temperature: float 
     n_total = int(_all_sum(torch.tensor([n_local], dtype=torch.float64, device=dev), group)[0])
     width = int(_get(actor_config, "loss_scale_factor"))
     micro = _get(actor_config, "ppo_micro_batch_size_per_gpu") or G
-    scale = torch.full((n_local * G,), 1.0 / (n_total * G * width), dtype=torch.float32, device=dev)
+    # c_i of the oblr policy loss: seq_sum_const over the global batch at verl's loss_scale_factor
+    scale = sequence_scale(batch.response_mask, "seq_sum_const", max_len=width,
+                           totals=BatchTotals(n_total * G, 0.0, width))
     settings = UpdateSettings(baseline="oblr", aggregation="seq_sum_const", max_len=width, need_snr=True,
                               norms_method=norms_method, micro_batch_groups=max(1, int(micro) // G),
                               temperature=float(temperature), top_p=1.0, assemble_grad=False)
