@@ -155,3 +155,28 @@ def test_models_list_prints_each_builtins_hash_and_start_accuracy():
         line = next(x for x in out.stdout.splitlines() if x.startswith(f"{name}:"))
         assert ent["weights_sha256"] in line
         assert f"sampled (T=1) {ent['accuracy_sampled_t1']:.1%}, greedy {ent['accuracy_greedy']:.1%}" in out.stdout
+
+
+def test_models_build_rebuilds_and_says_whether_the_shipped_bytes_are_reproduced(tmp_path, monkeypatch, capsys):
+    """``oblr models build NAME --out DIR``: a build by the (here shortened) recipe, then the comparison with the
+    shipped bytes; a 3-step build differs, and the line says so with the largest weight difference. An unknown
+    name is one line with the known ones."""
+    import oblr.models.builtin as bm
+    from oblr.cli import main
+
+    monkeypatch.setitem(bm.SFT_DEFAULTS, "sft_steps", 3)
+    monkeypatch.setitem(bm.SFT_DEFAULTS, "batch_size", 8)
+    monkeypatch.setattr(bm, "N_TRAIN", 200)
+    monkeypatch.setattr(bm, "N_MEASURE", 8)
+    threads = __import__("torch").get_num_threads()
+    try:
+        assert main(["models", "build", "builtin", "--out", str(tmp_path / "b")]) == 0
+    finally:
+        __import__("torch").set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert out.startswith(f"builtin:tiny-arith: built into {tmp_path / 'b'}; weights sha256 ")
+    assert "differs from the shipped bytes (largest weight difference" in out and "model.safetensors" in out
+    cmp = sh.compare_build(tmp_path / "b", NAMES["builtin:tiny-arith"])
+    assert not cmp["identical_weights"] and cmp["build_sha256"] in out
+    assert main(["models", "build", "builtin:nope"]) == 2
+    assert "unknown built-in model 'builtin:nope'; built-in models: builtin:tiny-arith" in capsys.readouterr().out
