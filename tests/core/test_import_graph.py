@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("update core", ("oblr.update",)),
     ("distributed", ("oblr.distributed",)),
     ("rollout", ("oblr.rollout",)),
-    ("config", ("oblr.config",)),
+    ("config", ("oblr.config", "oblr.config_schema", "oblr.config_rules", "oblr.config_validate")),
     ("grading", ("oblr.grading",)),
     ("tasks", ("oblr.tasks",)),
     ("models", ("oblr.models",)),
