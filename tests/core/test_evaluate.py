@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from oblr.evaluate import evaluate, majority_correct, register_cli, score, vote_key
+from oblr.evaluate import evaluate, majority_correct, score, vote_key
+from oblr.evaluate_cli import register_cli
 from oblr.tasks import get_task
 
 
@@ -143,7 +144,7 @@ def _fake_checkpoint(run, step, *, state=True, model=True):
 
 
 def test_model_arg_takes_a_run_folders_newest_intact_checkpoint(tmp_path, capsys):
-    from oblr.evaluate import resolve_model_arg
+    from oblr.evaluate_cli import resolve_model_arg
 
     run = tmp_path / "run"
     run.mkdir()
