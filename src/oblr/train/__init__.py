@@ -2,6 +2,8 @@
 
 - :mod:`oblr.train.trainer` -- :class:`Trainer` and :func:`train`, the RL loop that wires rollouts,
   rewards, the update, the learning-rate schedule, checkpoints and metrics;
+- :mod:`oblr.train.setup` -- :class:`~oblr.train.setup.RunSetup`, the trainer's base class: a run's setup
+  before the loop (task, memory plan, model, optimizer, schedule, resume, engine, sinks);
 - :mod:`oblr.train.run_dir` -- create or resume a run folder; which config changes a resume accepts;
 - :mod:`oblr.train.optimizers` -- the optimizers by name (``optim.optimizer``);
 - :mod:`oblr.train.checkpoint` -- atomic checkpoints, RNG states, resume.
