@@ -40,9 +40,9 @@ def test_step_peak_by_hand():
     assert mm.phase_bytes(TINY, "grpo", b, t)["tied_sum"] == tied
     assert "tied_sum" not in mm.phase_bytes(mm.Shape(2, 8, 24, 2, 1, 4, 10, False), "grpo", b, t)
     # one pass: 15 * (2*232 + 32 + 5) * 4 + the larger of 4 logit-sized tensors (its backward forms no gradient)
-    # and the assembly (the factors still kept; test_assembly_by_hand: 8864 bytes, above every gradient, P * 4)
+    # and the assembly (the factors still kept; test_assembly_by_hand: 8992 bytes, above every gradient, P * 4)
     asm = mm.assembly_bytes(TINY, b, t)
-    assert asm == 8896 > P * 4
+    assert asm == 8992 > P * 4
     assert mm.step_peak_bytes(TINY, "oblr", b, t) == 15 * 501 * 4 + max(4 * logits, asm)
     assert mm.phase_bytes(TINY, "oblr", b, t) == {"logits": 4 * logits, "assembly": asm}
     # checkpointed: layer inputs 2*8 + 4*8 outside + the mask; then max(5 logits + head grad, one layer 224 + grads)
@@ -59,19 +59,66 @@ def test_step_peak_by_hand():
 def test_assembly_by_hand():
     """The one-pass assembly, entry by entry (TINY, 3 sequences of 5 tokens): every entry holds 4 [R, C] float32
     tensors at once (kept dense: the 3 regrouped sums + the total; factors: 3 groups in one chunk + the
-    total); the largest moment is the last layer's down_proj [8, 24], with every gradient formed before it
-    (all but its own 192 elements, the layer's two layer norms' 16 and the final norm's 8; q_norm and k_norm
-    come before the MLP, in the engine's order)."""
+    total); the largest moment is the last layer's down_proj [8, 24], with every gradient formed before it but
+    its own 192 elements: the norm weights are kept dense and stacked into slabs by shape (q_norm/k_norm [4],
+    the layer norms and the final norm [8]), each assembled at its first member's place in layer 0."""
     P = mm.n_params(TINY)
-    assert mm.assembly_bytes(TINY, 3, 5) == (P - 192 - 16 - 8) * 4 + 4 * 192 * 4 == 8896
+    assert mm.assembly_bytes(TINY, 3, 5) == (P - 192) * 4 + 4 * 192 * 4 == 8992
     # 1 group: 2 tensors per entry (the down_proj factors: one group + the total); 2 groups: 3
-    assert mm.assembly_bytes(TINY, 3, 5, groups=1) == (P - 216) * 4 + 2 * 192 * 4 > P * 4
-    assert mm.assembly_bytes(TINY, 3, 5, groups=2) == (P - 216) * 4 + 3 * 192 * 4
-    # gradients already held (a later micro-batch): all of them under every entry
-    assert mm.assembly_bytes(TINY, 3, 5, grads_live=True) == P * 4 + 4 * 192 * 4
+    assert mm.assembly_bytes(TINY, 3, 5, groups=1) == (P - 192) * 4 + 2 * 192 * 4 > P * 4
+    assert mm.assembly_bytes(TINY, 3, 5, groups=2) == (P - 192) * 4 + 3 * 192 * 4
+    # gradients already held (a later micro-batch): all of them under every step; the largest working set is now
+    # the slab of q_proj and o_proj ([8, 8], both layers: 4 members), 4 x (3 group sums + the total) x 64
+    assert mm.assembly_bytes(TINY, 3, 5, grads_live=True) == P * 4 + 4 * 4 * 64 * 4
     # bf16 gradients: the formed ones at 2 bytes, plus the entry's copy in that dtype
-    assert mm.assembly_bytes(TINY, 3, 5, grad_bytes=2) == (P - 216) * 2 + 4 * 192 * 4 + 192 * 2
+    assert mm.assembly_bytes(TINY, 3, 5, grad_bytes=2) == (P - 192) * 2 + 4 * 192 * 4 + 192 * 2
     assert mm.CHUNK_ELEMS == __import__("oblr.gradnorm.assembly", fromlist=["x"]).CHUNK_ELEMS
+    assert mm.SLAB_ELEMS == __import__("oblr.gradnorm.slabs", fromlist=["x"]).SLAB_ELEMS
+
+
+def test_assembly_items_by_hand():
+    """TINY at 5 tokens: kept dense are the tied embedding, q/k/v/o and the norms; gate/up/down keep factors.
+    Slabs: q and o ([8, 8], 2 layers: 4), k and v ([4, 8]: 4), q_norm and k_norm ([4]: 4), the layer norms and the
+    final norm ([8]: 5); the embedding alone. A budget of 3 q/o-sized members ([3, 8, 8] rows each) splits q/o into
+    2 + 2, the second slab at layer 1's q_proj; the smaller shapes still fit in one."""
+    entries = mm._entry_shapes(TINY, 5, 4, 0, True, 0, mm.LORA_TARGETS)
+    f = [(192, False, 1)] * 3
+    assert mm.assembly_items(entries, 3) == [(80, True, 1), (64, True, 4), (32, True, 4), (4, True, 4), *f,
+                                             (8, True, 5), *f]
+    small = mm.assembly_items(entries, 3, slab_elems=3 * 3 * 64)
+    # embedding, q0+o0, k/v, q_norm/k_norm, gate0, up0, down0, the [8] norms, q1+o1, gate1, up1, down1
+    assert [L for _, _, L in small] == [1, 2, 4, 4, 1, 1, 1, 5, 2, 1, 1, 1]
+    assert sum(L for _, _, L in small) == len(entries)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_slab_lists_are_the_engines_slabs(tied):
+    """slab_lists against the slabs the engine forms (oblr.gradnorm.slabs.slab_groups, on BookKeeper's entries) on
+    a real model at a length where q/k/v/o and the norms are kept dense and the MLP is not, with the default budget
+    and a small one."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from step_methods import Case, build_batch, build_model
+
+    from oblr.gradnorm import BookKeeper, Dense, slabs
+    from oblr.logprobs import forward_logits, gather_logprobs, sequence_logprobs
+
+    case = Case(hidden=32, layers=3, vocab=64, prompt_len=4, response_len=12, n_prompts=2, group_size=2, tied=tied)
+    model = build_model(case)
+    batch, _ = build_batch(case)
+    ids, am, rm = batch.input_ids, batch.attention_mask, batch.response_mask
+    s = mm.Shape(3, 32, case.intermediate or 96, case.heads, case.kv_heads, case.head_dim or 32 // case.heads, 64, tied)
+    entries = mm._entry_shapes(s, ids.shape[1], 4, 0, True, 0, mm.LORA_TARGETS)
+    book = BookKeeper(model)
+    with book.record():
+        book.backward(sequence_logprobs(gather_logprobs(forward_logits(model, ids, am), ids), rm))
+    names = book.parameter_names()
+    assert [d for _, d in entries] == [len(e.contribs) == 1 and isinstance(e.contribs[0], Dense) for e in book._entries]
+    assert any(d for _, d in entries) and not all(d for _, d in entries)
+    assert [[names.index(e.name) for e in x.entries] for x in book._slabs] == mm.slab_lists(entries, ids.shape[0])
+    for budget in (mm.SLAB_ELEMS, 4 * 32 * 32 * 2):  # the small one: q/o in 3 slabs of 2, k/v in 2 of 3
+        got = [[names.index(e.name) for e in x] for x in slabs.slab_groups(book._entries, budget)]
+        assert got == mm.slab_lists(entries, ids.shape[0], budget), budget
+        assert len(got) > 1 and all(len(x) >= 2 for x in got)
 
 
 @pytest.mark.parametrize("kind,groups,chunk_rows", [("dense", 2, None), ("dense", 4, 1), ("dense", 4, 2),
@@ -107,6 +154,34 @@ def test_entry_working_set_is_what_grouped_sums_holds(kind, groups, chunk_rows, 
     # plan's separate working-copy term (memory_model._working_copies)
     copies = 0 if kind == "dense" else B * 7 * (R + C) / n
     assert units - 0.05 <= measured <= units + copies + 0.05, (measured, units, copies)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_slab_working_set_is_what_slab_sums_and_stacking_hold(groups):
+    """assembly_bytes' slab terms against oblr.gradnorm.slabs measured with torch's CPU allocator, in [R, C]
+    float32 units: slab_sums holds L (K + 1) (each member's K group sums and its total), form_slabs one slab's
+    L B rows beside the contributions it stacks."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from step_cost import _peak_bytes
+
+    from oblr.gradnorm import Dense, slabs
+    from oblr.gradnorm.book import Entry
+
+    L, R, C, rows_per_group = 5, 48, 32, 2
+    n, B = R * C, groups * rows_per_group
+    gen = torch.Generator().manual_seed(0)
+    entries = [Entry(f"p{i}", torch.nn.Parameter(torch.zeros(R, C))) for i in range(L)]
+    for e in entries:
+        e.contribs = [Dense(torch.randn(B, R, C, generator=gen), owned=True)]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        (slab,) = slabs.form_slabs(entries)
+    assert abs(_peak_bytes(prof) / (n * 4) - L * B) < 0.05
+    grp = slabs.Grouping.from_groups(torch.randn(B, generator=gen), torch.arange(B) // rows_per_group)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        slabs.slab_sums(slab.z, grp)
+    assert abs(_peak_bytes(prof) / (n * 4) - L * (groups + 1)) < 0.05, _peak_bytes(prof) / (n * 4)
 
 
 @pytest.mark.parametrize("tied", [True, False])

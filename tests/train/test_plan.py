@@ -197,7 +197,10 @@ def test_plan_run_shards_the_resident_state_under_fsdp_and_may_choose_the_two_pa
     two = plan_run(_cfg("distributed.strategy=fsdp", "algorithm.memory_plan=two_pass", "algorithm.memory_budget_gb=1"),
                    hf, prompt_len=16, world=2, device="cpu")
     assert (two.engine, two.checkpointing, two.groups) == ("two-pass", True, 2) and two.peak_bytes < fsdp.peak_bytes
-    mid = (two.peak_bytes + fsdp.peak_bytes) / 2 / GB  # the whole batch fits two-pass only
+    rec = plan_run(_cfg("distributed.strategy=fsdp", "algorithm.memory_plan=recompute", "algorithm.memory_budget_gb=1"),
+                   hf, prompt_len=16, world=2, device="cpu")
+    assert rec.engine == "recompute" and two.peak_bytes < rec.peak_bytes
+    mid = (two.peak_bytes + min(rec.peak_bytes, fsdp.peak_bytes)) / 2 / GB  # the whole batch fits two-pass only
     p = plan_run(_cfg("distributed.strategy=fsdp", "algorithm.memory_plan=auto", f"algorithm.memory_budget_gb={mid!r}"),
                  hf, prompt_len=16, world=2, device="cpu")
     assert (p.engine, p.groups) == ("two-pass", 2)

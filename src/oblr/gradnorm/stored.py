@@ -6,7 +6,10 @@ parameter (:meth:`StoredBook._add`), and ``sq_norms``, ``group_sq_norms``, ``acc
 embedding sums both owners' contributions and the cross term ``2 <G_emb, G_head>`` is included. Ghost norm or
 materialisation is chosen per parameter (:func:`oblr.gradnorm.assembly.sq_norm`); under ``method="auto"`` an Outer
 whose per-row gradients take little memory next to its factors is materialised once when stored
-(:func:`oblr.gradnorm.assembly.keep_dense`). Any grouping can be queried, any number of times.
+(:func:`oblr.gradnorm.assembly.keep_dense`). After the backward pass the parameters whose contribution is one
+such per-row gradient are stacked by shape into slabs (:mod:`oblr.gradnorm.slabs`), and each query reduces a slab
+with a few operators, not a few per parameter (the layers of a decoder repeat the same shapes). Any grouping can
+be queried, any number of times.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from __future__ import annotations
 import torch
 
 from .assembly import grouped_sums, keep_dense, materialized_sum, sq_norm
-from .book import Book, Entry
+from .book import Book, Entry, add_grad
 from .contrib import Dense, Grouping, Outer, regroup_for_products
 from .precision import half_factors, tf32_products
+from .slabs import Slab, form_slabs, regrouped, slab_norms, slab_sums
 from .strips import GramCache
 from .windows import token_windows
 
@@ -25,10 +29,13 @@ class StoredBook(Book):
     """Contributions stored per parameter and every query assembled from them (module docstring); the subclasses
     record and run the backward pass that fills them, then call :meth:`_fold`."""
 
+    _slabs: list[Slab] | tuple = ()  # the stacked one-Dense parameters of the last backward (:meth:`_fold`)
+
     def _add(self, e: Entry, c) -> None:
         """Store a contribution. Under ``method="auto"`` an Outer whose per-row gradients [B, R, C] take little
         memory next to its factors (``assembly.keep_dense``) is materialised now, once, so that every later
         query is a cheap reduction; dense contributions of one parameter are summed."""
+        self._slabs = []  # a new backward's contributions: the previous slabs are stale
         if self.method == "auto" and keep_dense(c):
             c = Dense(c.regroup(Grouping.rows(c.K)).materialize(), owned=True)
         elif isinstance(c, Outer) and c.right.device.type == "cpu":
@@ -44,11 +51,17 @@ class StoredBook(Book):
         e.contribs.append(c)
 
     def _fold(self) -> None:
-        """Under ``method="auto"``: a parameter that has a dense contribution gets its Outer contributions
-        added into it (e.g. the input-embedding part of a tied embedding whose head part was kept dense):
-        no extra memory, and the queries then never need a mixed ghost/materialised assembly."""
-        if self.method != "auto":
-            return
+        """The end of every backward pass. Under ``method="auto"``: a parameter that has a dense contribution gets
+        its Outer contributions added into it (e.g. the input-embedding part of a tied embedding whose head part
+        was kept dense): no extra memory, and the queries then never need a mixed ghost/materialised assembly.
+        Then (every method but the loop reference) the one-Dense parameters are stacked into slabs by shape
+        (:func:`oblr.gradnorm.slabs.form_slabs`)."""
+        if self.method == "auto":
+            self._fold_dense()
+        self._slabs = [] if self.method == "loop" else form_slabs(self._entries)
+
+    def _fold_dense(self) -> None:
+        """Each parameter with a dense contribution: every other contribution added into it (:meth:`_fold`)."""
         for e in self._entries:
             dense = [c for c in e.contribs if isinstance(c, Dense)]
             if not dense or len(e.contribs) == 1:
@@ -64,13 +77,29 @@ class StoredBook(Book):
             e.contribs = [d]
 
     # ------------------------------------------------------------------ assembly
+    def _order(self) -> list:
+        """The assembly's items in engine order: an entry with contributions, or a slab at its first member's place."""
+        slabs = {id(e): s for s in self._slabs if s.current() for e in s.entries}
+        out, seen = [], set()
+        for e in self._entries:
+            s = slabs.get(id(e))
+            if s is None:
+                if e.contribs:
+                    out.append(e)
+            elif id(s) not in seen:
+                seen.add(id(s))
+                out.append(s)
+        return out
+
     def _assemble(self, grp: Grouping) -> torch.Tensor:
         total = torch.zeros(grp.K, dtype=torch.float32, device=self._device)
         cache = GramCache()  # q/k/v (and gate/up) share their input: its Gram is computed once
-        for e in self._entries:
-            if e.contribs:
-                with tf32_products(half_factors(e.contribs)):
-                    total = total + sq_norm([c.regroup(grp) for c in e.contribs], self.method, cache)
+        for e in self._order():
+            if isinstance(e, Slab):
+                total = total + slab_norms(e.z, grp).sum(0)
+                continue
+            with tf32_products(half_factors(e.contribs)):
+                total = total + sq_norm([c.regroup(grp) for c in e.contribs], self.method, cache)
         return total
 
     def sq_norms(self) -> torch.Tensor:
@@ -90,8 +119,11 @@ class StoredBook(Book):
         self._check(coeffs)
         grp = Grouping.single(coeffs.to(self._device))
         sq = torch.zeros((), dtype=torch.float32, device=self._device)
-        for e in self._entries:
-            if not e.contribs:
+        for e in self._order():
+            if isinstance(e, Slab):
+                m = regrouped(e.z, grp)  # [L, 1, n]: each member's weighted sum
+                sq = sq + m.pow(2).sum()
+                self._give_slab(e.entries, m.view(e.z.shape[0], *e.z.shape[2:]))
                 continue
             with tf32_products(half_factors(e.contribs)):
                 inc = materialized_sum([regroup_for_products(c, grp) for c in e.contribs])[0]
@@ -105,16 +137,46 @@ class StoredBook(Book):
         Returns ``||sum_{i: group_ids[i] = k} coeffs[i] s_i||^2`` for each distinct id k (sorted), [K] float32:
         the same numbers as :meth:`group_sq_norms` and the same ``.grad`` as :meth:`accumulate_grad`, but the
         weighted gradient is assembled as the sum of the materialised per-group sums, so the group norms
-        need no pass of their own (``assembly.grouped_sums``).
+        need no pass of their own (``assembly.grouped_sums``; a slab's members at once, ``slabs.slab_sums``).
         """
         self._check(coeffs)
         grp = Grouping.from_groups(coeffs.to(self._device), group_ids.to(self._device))
         sq = torch.zeros(grp.K, dtype=torch.float32, device=self._device)
-        for e in self._entries:
-            if not e.contribs:
+        for e in self._order():
+            if isinstance(e, Slab):
+                e_sq, incs = slab_sums(e.z, grp)
+                sq = sq + e_sq.sum(0)
+                self._give_slab(e.entries, incs)
                 continue
             with tf32_products(half_factors(e.contribs)):
                 e_sq, inc = grouped_sums(e.contribs, grp)
             sq = sq + e_sq  # in the entries' order: a stack-sum's other order moved a 2-process FSDP step past 1e-4
             self._give(e.param, inc)
         return sq
+
+    def clear(self) -> None:
+        """Free every stored contribution and slab."""
+        self._slabs = []
+        super().clear()
+
+    def _give_slab(self, entries: list[Entry], incs: torch.Tensor) -> None:
+        """Hand a slab's increments ``incs`` [L, *shape] (float32, fresh) to its members' ``.grad``, as :meth:`_give`
+        does one by one: with the default sink, new ``.grad`` are views of ``incs`` (in the parameters' dtype) and
+        existing ones get all their increments in one ``_foreach_add_``; any other sink gets them one by one."""
+        params = [e.param for e in entries]
+        if self._sink is not add_grad:
+            for p, inc in zip(params, incs.unbind(0)):
+                self._sink(p, inc)
+            return
+        grads = [p.grad for p in params]
+        dtype = params[0].dtype if grads[0] is None else grads[0].dtype
+        if any((g is None) != (grads[0] is None) or (g is not None and g.dtype != dtype) for g in grads):
+            for p, inc in zip(params, incs.unbind(0)):  # mixed: one by one
+                self._give(p, inc)
+            return
+        incs = incs if incs.dtype == dtype else incs.to(dtype)
+        if grads[0] is None:
+            for p, inc in zip(params, incs.unbind(0)):
+                p.grad = inc
+        else:
+            torch._foreach_add_(grads, list(incs.unbind(0)))
