@@ -108,7 +108,7 @@ M = [
      'kw.setdefault("use_reentrant", False)', 'kw.setdefault("use_reentrant", True)',
      ["tests/integrations/test_trl_config.py"]),
     ("trainer does not pass optim.grad_clip to the schedule", "auto lr with clipping (trainer)",
-     "src/oblr/train/trainer.py", "grad_clip=o.grad_clip, **cfg.algorithm.schedule_options)",
+     "src/oblr/train/setup.py", "grad_clip=o.grad_clip, **cfg.algorithm.schedule_options)",
      "**cfg.algorithm.schedule_options)", ["tests/train/test_training_variants.py"]),
     # issue 39: the newest modules (engines, planner, memory model); each caught by its module's own tests
     ("a half model's factors left in their dtype by Outer.regroup (f32 casts dropped as no-ops)",
