@@ -230,7 +230,9 @@ def add_grad(p: nn.Parameter, inc: torch.Tensor, owned: bool = False) -> None:
     """``p.grad += inc`` (created if None), in the parameter's dtype. ``owned``: nothing else holds ``inc``,
     so a new ``.grad`` may be ``inc`` itself rather than a copy."""
     if p.grad is None:
-        g = (inc if inc.dtype == p.dtype else inc.to(p.dtype)).reshape(p.shape)
+        g = inc if inc.dtype == p.dtype else inc.to(p.dtype)
+        g = g if g.shape == p.shape else g.reshape(p.shape)
         p.grad = g if owned and g.is_contiguous() else g.clone()
     else:
-        p.grad.add_((inc if inc.dtype == p.grad.dtype else inc.to(p.grad.dtype)).reshape(p.shape))
+        g = inc if inc.dtype == p.grad.dtype else inc.to(p.grad.dtype)
+        p.grad.add_(g if g.shape == p.shape else g.reshape(p.shape))

@@ -151,8 +151,11 @@ class Outer:
                 return t.reshape(K, M, *t.shape[1:])
             return t[grp.index]
 
-        left, right = gather(left), gather(right)  # [K, M, T, ...]
-        s = grp.scale.view(K, M, 1, 1)
+        if grp.contiguous:  # rows k*M .. k*M+M-1 form sample k: scale them in place of order, then view as K samples
+            s = grp.scale.view(K * M, 1, 1)
+        else:
+            left, right = gather(left), gather(right)  # [K, M, T, ...]
+            s = grp.scale.view(K, M, 1, 1)
         if scale_right:
             right = right * s
         else:
@@ -186,6 +189,8 @@ class Outer:
         return Outer(lo, ro, self.shape)
 
     def slice(self, k0: int, k1: int) -> Outer:
+        if k0 == 0 and k1 == self.K:  # the whole: itself (no view dispatched)
+            return self
         win = None if self.win is None else (self.win[0][k0:k1], self.win[1][k0:k1])
         return Outer(self.left[k0:k1], self.right[k0:k1], self.shape, win)
 
@@ -245,7 +250,7 @@ class Dense:
         return self.z.shape[0]
 
     def slice(self, k0: int, k1: int) -> Dense:
-        return Dense(self.z[k0:k1])
+        return self if k0 == 0 and k1 == self.K else Dense(self.z[k0:k1])
 
     def materialize(self) -> Tensor:
         return self.z
@@ -271,6 +276,8 @@ class RowProducts:
         return len(self.parts)
 
     def slice(self, k0: int, k1: int) -> RowProducts:
+        if k0 == 0 and k1 == self.K:
+            return self
         return RowProducts(self.outer, self.parts[k0:k1])
 
     def add_to(self, z: Tensor) -> None:

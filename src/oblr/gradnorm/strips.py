@@ -53,6 +53,8 @@ def sym_strips(t: Tensor, dtype: torch.dtype = torch.float32) -> list[Tensor]:
     ``[K, T - start, width]`` each; ``t`` [K, T] token ids stand for one-hot rows (their Gram is equality, as
     ``dtype``)."""
     bounds = strip_bounds(t.shape[1], t.device.type)
+    if len(bounds) == 1:  # one strip: the whole Gram, from the factor itself
+        return [torch.bmm(t, t.transpose(1, 2)) if t.is_floating_point() else (t[:, :, None] == t[:, None, :]).to(dtype)]
     if t.is_floating_point():
         return [torch.bmm(t[:, s:], t[:, s:s + w].transpose(1, 2)) for s, w in bounds]
     return [(t[:, s:, None] == t[:, None, s:s + w]).to(dtype) for s, w in bounds]
@@ -97,11 +99,12 @@ class GramCache:
 
     def gram(self, t: Tensor, k0: int, k1: int) -> Tensor:
         """``t[k] t[k]^T`` for samples ``k0:k1``: [k1-k0, T, T]."""
-        return self._get(t, ("gram", k0, k1), lambda: torch.bmm(t[k0:k1], t[k0:k1].transpose(1, 2)))
+        part = t if k0 == 0 and k1 == t.shape[0] else t[k0:k1]
+        return self._get(t, ("gram", k0, k1), lambda: torch.bmm(part, part.transpose(1, 2)))
 
     def strips(self, t: Tensor, k0: int, k1: int) -> list[Tensor]:
         """:func:`sym_strips` of samples ``k0:k1``."""
-        return self._get(t, ("strips", k0, k1), lambda: sym_strips(t[k0:k1]))
+        return self._get(t, ("strips", k0, k1), lambda: sym_strips(t if k0 == 0 and k1 == t.shape[0] else t[k0:k1]))
 
     def strips_row(self, t: Tensor, k: int, a: int, b: int) -> list[Tensor]:
         """:func:`sym_strips` of sample ``k``'s tokens ``a:b`` (one sample)."""
