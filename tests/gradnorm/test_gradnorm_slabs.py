@@ -136,7 +136,10 @@ def _assembly_ops(layers: int) -> int:
                and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
 
 
-def test_the_assemblys_operator_count_does_not_grow_with_the_depth():
-    """Every entry kept dense: 2 and 5 layers dispatch the same number of top-level operators in sq_norms and
-    accumulate_grad_with_group_norms (before slabs: about 18 more per parameter, 11 parameters per layer)."""
-    assert _assembly_ops(5) == _assembly_ops(2)
+def test_the_assemblys_operator_count_grows_by_the_running_sum_alone():
+    """Every entry kept dense: from 2 to 5 layers (33 more parameters) sq_norms and
+    accumulate_grad_with_group_norms dispatch at most 4 more top-level operators per parameter -- each member's
+    row taken and added into the running total at its own place, in each of the two queries (the totals keep
+    the entries' summation order) -- where each parameter cost about 18 more before slabs."""
+    grown = _assembly_ops(5) - _assembly_ops(2)
+    assert 0 < grown <= 4 * 33
