@@ -103,3 +103,46 @@ def slab_sums(z: Tensor, grp: Grouping) -> tuple[Tensor, Tensor]:
     of every member at once; ``M_k`` = sample k)."""
     m = regrouped(z, grp)
     return torch.linalg.vector_norm(m, dim=2).square(), m.sum(1).view(z.shape[0], *z.shape[2:])
+
+
+class RunningSum:
+    """``0 + t_0 + t_1 + ...`` over float32 terms of one shape given in order -- each a tensor of its own (:meth:`add`)
+    or row ``i`` of a slab's block of results ``[L, *shape]`` (:meth:`add_row`) -- in a few operators whatever their
+    number: the terms stacked, put in order by one ``index_select`` and added one after another by one
+    ``index_add_``, which on CPU adds its rows in order, so the total is bitwise the running sum ``t = t + term``
+    (the order the engines' totals keep: another moved a 2-process FSDP run past its agreement with the two-pass
+    engine's). On other devices ``index_add_`` adds atomically in no fixed order, so there the rows are summed
+    by one reduction instead: deterministic, in another order."""
+
+    def __init__(self, shape=(), device=None):
+        self.shape, self.device = tuple(shape), device
+        self._singles: list[Tensor] = []
+        self._blocks: list[Tensor] = []
+        self._block_of: dict[int, int] = {}
+        self._pos: list[tuple[int, int]] = []  # (block or -1 for a single, row)
+
+    def add(self, t: Tensor) -> None:
+        self._pos.append((-1, len(self._singles)))
+        self._singles.append(t)
+
+    def add_row(self, block: Tensor, i: int) -> None:
+        j = self._block_of.setdefault(id(block), len(self._blocks))
+        if j == len(self._blocks):
+            self._blocks.append(block)
+        self._pos.append((j, i))
+
+    def total(self) -> Tensor:
+        parts = ([torch.stack(self._singles)] if self._singles else []) + self._blocks
+        if not parts:
+            return torch.zeros(self.shape, dtype=torch.float32, device=self.device)
+        rows = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(-1, numel(self.shape))
+        start = [len(self._singles)]  # each block's first row in ``rows``
+        for b in self._blocks[:-1]:
+            start.append(start[-1] + b.shape[0])
+        order = [r if j < 0 else start[j] + r for j, r in self._pos]
+        if order != list(range(rows.shape[0])):
+            rows = rows.index_select(0, torch.tensor(order, device=rows.device))
+        if rows.device.type != "cpu":
+            return rows.sum(0).view(self.shape)
+        out = torch.zeros(1, rows.shape[1], dtype=torch.float32, device=rows.device)
+        return out.index_add_(0, torch.zeros(rows.shape[0], dtype=torch.long, device=rows.device), rows).view(self.shape)

@@ -20,7 +20,7 @@ from .assembly import grouped_sums, keep_dense, materialized_sum, sq_norm
 from .book import Book, Entry, add_grad
 from .contrib import Dense, Grouping, Outer, regroup_for_products
 from .precision import half_factors, tf32_products
-from .slabs import Slab, form_slabs, regrouped, slab_norms, slab_sums  # noqa: F401 (Slab: the type of _slabs)
+from .slabs import RunningSum, Slab, form_slabs, regrouped, slab_norms, slab_sums
 from .strips import GramCache
 from .windows import token_windows
 
@@ -82,23 +82,24 @@ class StoredBook(Book):
         for the i-th member of a slab at that member's own place. A slab is reduced once, at its first member; its
         members' results are then added into the running totals each at its own place, so the totals are summed in
         the entries' order as without slabs (another order moved a 2-process FSDP run with checkpointing, whose
-        engine has no slabs, past its 1e-5 agreement with the run without)."""
+        engine has no slabs, past its 1e-5 agreement with the run without), in a few operators
+        (:class:`oblr.gradnorm.slabs.RunningSum`)."""
         members = {id(e): (s, i) for s in self._slabs if s.current() for i, e in enumerate(s.entries)}
         return [members.get(id(e), (e, None)) for e in self._entries if id(e) in members or e.contribs]
 
     def _assemble(self, grp: Grouping) -> torch.Tensor:
-        total = torch.zeros(grp.K, dtype=torch.float32, device=self._device)
+        total = RunningSum((grp.K,), self._device)  # the entries' order (:meth:`_order`)
         cache = GramCache()  # q/k/v (and gate/up) share their input: its Gram is computed once
         rows: dict[int, torch.Tensor] = {}  # a slab's per-member norms [L, K], formed at its first member
         for e, i in self._order():
             if i is not None:
                 if id(e) not in rows:
                     rows[id(e)] = slab_norms(e.z, grp)
-                total = total + rows[id(e)][i]
+                total.add_row(rows[id(e)], i)
                 continue
             with tf32_products(half_factors(e.contribs)):
-                total = total + sq_norm([c.regroup(grp) for c in e.contribs], self.method, cache)
-        return total
+                total.add(sq_norm([c.regroup(grp) for c in e.contribs], self.method, cache))
+        return total.total()
 
     def sq_norms(self) -> torch.Tensor:
         """w_i = ||s_i||^2 over all trainable parameters. [B] float32."""
@@ -116,20 +117,21 @@ class StoredBook(Book):
         """
         self._check(coeffs)
         grp = Grouping.single(coeffs.to(self._device))
-        sq = torch.zeros((), dtype=torch.float32, device=self._device)
-        incs: dict[int, torch.Tensor] = {}  # a slab's members' weighted sums [L, 1, n], formed at its first member
+        sq = RunningSum((), self._device)
+        rows: dict[int, torch.Tensor] = {}  # a slab's members' squared norms [L], formed at its first member
         for e, i in self._order():
             if i is not None:
-                if id(e) not in incs:
-                    incs[id(e)] = regrouped(e.z, grp)
-                    self._give_slab(e.entries, incs[id(e)].view(e.z.shape[0], *e.z.shape[2:]))
-                sq = sq + incs[id(e)][i].pow(2).sum()
+                if id(e) not in rows:
+                    m = regrouped(e.z, grp)  # [L, 1, n]: each member's weighted sum
+                    rows[id(e)] = m.pow(2).sum(dim=(1, 2))
+                    self._give_slab(e.entries, m.view(e.z.shape[0], *e.z.shape[2:]))
+                sq.add_row(rows[id(e)], i)
                 continue
             with tf32_products(half_factors(e.contribs)):
                 inc = materialized_sum([regroup_for_products(c, grp) for c in e.contribs])[0]
-            sq = sq + inc.pow(2).sum()
+            sq.add(inc.pow(2).sum())
             self._give(e.param, inc)
-        return sq
+        return sq.total()
 
     def accumulate_grad_with_group_norms(self, coeffs: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """``p.grad += sum_i coeffs[i] s_i`` and the group norms, from one pass over the records.
@@ -141,20 +143,20 @@ class StoredBook(Book):
         """
         self._check(coeffs)
         grp = Grouping.from_groups(coeffs.to(self._device), group_ids.to(self._device))
-        sq = torch.zeros(grp.K, dtype=torch.float32, device=self._device)
+        sq = RunningSum((grp.K,), self._device)  # in the entries' order: another moved a 2-process FSDP step past 1e-4
         rows: dict[int, torch.Tensor] = {}  # a slab's per-member group norms [L, K], formed at its first member
         for e, i in self._order():
             if i is not None:
                 if id(e) not in rows:
                     rows[id(e)], incs = slab_sums(e.z, grp)
                     self._give_slab(e.entries, incs)
-                sq = sq + rows[id(e)][i]
+                sq.add_row(rows[id(e)], i)
                 continue
             with tf32_products(half_factors(e.contribs)):
                 e_sq, inc = grouped_sums(e.contribs, grp)
-            sq = sq + e_sq  # in the entries' order: a stack-sum's other order moved a 2-process FSDP step past 1e-4
+            sq.add(e_sq)
             self._give(e.param, inc)
-        return sq
+        return sq.total()
 
     def clear(self) -> None:
         """Free every stored contribution and slab."""
