@@ -4,7 +4,9 @@ Every controller is built by ``make_lr_controller(name, optimizer, lr=..., ...)`
 :data:`SCHEDULES` and has ``step(stats)`` (called once per optimizer step, before it, with the step's
 :class:`oblr.snr.SNRStats` or None; constant/cosine ignore it), ``needs_snr`` (whether the update must
 compute the statistics), ``get_last_lr()``, ``metrics()``, ``state_dict()`` and ``load_state_dict()``.
-The trainer never branches on the schedule's name. Registered: ``snr`` (OBLR-PO, :class:`SNRSchedule`
+The trainer never branches on the schedule's name. The warm-up, the step counter, setting the param
+groups' lr and the shared state live once in :class:`oblr.lr_control.LRController`, which every built-in
+controller subclasses (:class:`SNRSchedule` adapts :class:`~oblr.snr.SNRLearningRate`, one of them). Registered: ``snr`` (OBLR-PO, :class:`SNRSchedule`
 over :class:`oblr.snr.SNRLearningRate`), ``constant``, ``cosine`` (with linear warm-up), and ``auto``
 (the measured step scale, :mod:`oblr.step_scale`, registered when that module is imported at the end).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import inspect
 import math
 
+from oblr.lr_control import LRController, warmup_factor
 from oblr.registry import Registry
 from oblr.snr import SNRLearningRate, SNRStats
 
@@ -62,45 +65,22 @@ def make_lr_controller(name: str, optimizer, *, lr: float, eta_min: float = 0.0,
                    **extra)
 
 
-class _StepSchedule:
-    """lr = f(step) for every param group; S and V are ignored."""
-
-    needs_snr = False
+class _StepSchedule(LRController):
+    """lr = f(t) for every param group (the rule: ``_lr_at``); S and V are ignored. The lr of step 0 is set
+    at construction, each ``step`` sets the lr of the step about to be taken."""
 
     def __init__(self, optimizer, lr: float, eta_min: float, warmup_steps: int, total_steps: int):
-        self.optimizer = optimizer
+        super().__init__(optimizer, warmup_steps)
         self.lr, self.eta_min = lr, eta_min
-        self.warmup_steps, self.total_steps = warmup_steps, max(1, total_steps)
-        self.t = 0
-        self._set(self._lr_at(0))
-
-    def _warm(self, t: int) -> float:
-        return min(1.0, (t + 1) / self.warmup_steps) if self.warmup_steps > 0 else 1.0
+        self.total_steps = max(1, total_steps)
+        self._apply(self._lr_at(0))
 
     def _lr_at(self, t: int) -> float:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def _set(self, lr: float) -> None:
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        self._last = [lr for _ in self.optimizer.param_groups]
-
     def step(self, stats: SNRStats | None = None) -> None:
-        self._set(self._lr_at(self.t))
+        self._apply(self._lr_at(self.t))
         self.t += 1
-
-    def get_last_lr(self) -> list[float]:
-        return list(self._last)
-
-    def metrics(self) -> dict:
-        return {"snr/lr": self._last[0]}
-
-    def state_dict(self) -> dict:
-        return {"t": self.t, "last": list(self._last)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.t = state["t"]
-        self._set(state["last"][0])
 
 
 @register_schedule("constant")
@@ -109,7 +89,7 @@ class ConstantSchedule(_StepSchedule):
         super().__init__(optimizer, lr, eta_min, warmup_steps, total_steps)
 
     def _lr_at(self, t: int) -> float:
-        return self.lr * self._warm(t)
+        return self.lr * warmup_factor(t, self.warmup_steps)
 
 
 @register_schedule("cosine")
@@ -121,7 +101,7 @@ class CosineSchedule(_StepSchedule):
         span = max(1, self.total_steps - self.warmup_steps)
         progress = min(1.0, max(0, t - self.warmup_steps) / span)
         cos = self.eta_min + 0.5 * (self.lr - self.eta_min) * (1 + math.cos(math.pi * progress))
-        return cos * self._warm(t)
+        return cos * warmup_factor(t, self.warmup_steps)
 
 
 @register_schedule("snr")

@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from oblr.lr_control import LRController
+
 if TYPE_CHECKING:  # annotations only: importing this module does not import torch
     import torch
 
@@ -146,7 +148,7 @@ def snr_metrics(S: float, V: float, n: int) -> dict[str, float]:
             "snr/factor": snr_factor(S, V, n)}
 
 
-class SNRLearningRate:
+class SNRLearningRate(LRController):
     """Sets every param group's lr to ``warm(t) * max(eta_min, eta_max * S / (S + V/n))`` each step.
 
     Call ``step(signal, V, n)`` once per optimizer step, BEFORE ``optimizer.step()``, with the statistics of
@@ -165,7 +167,8 @@ class SNRLearningRate:
       (``ema = 0`` or the first update); with history both averages are multiplied by the same number, so
       the factor and lr stay the previous step's. The step's gradient is 0 either way: SGD does not move,
       AdamW moves along its momentum at that lr.
-    - ``warmup_steps``: linear warm-up factor ``min(1, k / warmup_steps)`` at the k-th accepted update.
+    - ``warmup_steps``: linear warm-up factor ``min(1, k / warmup_steps)`` at the k-th accepted update
+      (:class:`oblr.lr_control.LRController`, with its step counter ``t = k - 1`` before the update).
 
     A non-finite S or V leaves the lr unchanged, does not advance k, and is counted (``n_skipped``).
     """
@@ -188,25 +191,26 @@ class SNRLearningRate:
             raise ValueError(f"eta_min must be >= 0, got {eta_min}")
         if not (0.0 <= ema < 1.0):
             raise ValueError(f"ema must be in [0, 1), got {ema}")
-        if int(warmup_steps) != warmup_steps or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a non-negative integer, got {warmup_steps}")
-        self.optimizer = optimizer
-        self.eta_max, self.eta_min, self.ema, self.warmup_steps = eta_max, float(eta_min), float(ema), int(warmup_steps)
-        self.steps = 0          # accepted updates
+        super().__init__(optimizer, warmup_steps)  # t: accepted updates so far
+        self.eta_max, self.eta_min, self.ema = eta_max, float(eta_min), float(ema)
         self.n_skipped = 0      # ignored updates (non-finite S or V)
         self._s_avg = self._v_avg = 0.0
         self.last_S = self.last_V = None
         self.last_n = None
         self.last_factor = None
-        self._last_lr = [float(g["lr"]) for g in groups]
 
-    def _smooth(self, S: float, V: float) -> tuple[float, float]:
+    @property
+    def steps(self) -> int:
+        """Accepted updates (the step counter ``t``)."""
+        return self.t
+
+    def _smooth(self, S: float, V: float, k: int) -> tuple[float, float]:
         if self.ema == 0.0:
             return S, V
         b = self.ema
         self._s_avg = b * self._s_avg + (1 - b) * S
         self._v_avg = b * self._v_avg + (1 - b) * V
-        corr = 1.0 - b**self.steps
+        corr = 1.0 - b**k
         return self._s_avg / corr, self._v_avg / corr
 
     def step(self, S, V, n: int) -> list[float]:
@@ -218,45 +222,23 @@ class SNRLearningRate:
         if not (math.isfinite(S) and math.isfinite(V)):
             self.n_skipped += 1
             return self.get_last_lr()
-        self.steps += 1
-        S, V = self._smooth(S, V)  # average the unclamped estimates, clamp the averages
+        S, V = self._smooth(S, V, self.t + 1)  # average the unclamped estimates, clamp the averages
         S, V = max(S, 0.0), max(V, 0.0)
         factor = snr_factor(S, V, int(n))
-        warm = min(1.0, self.steps / self.warmup_steps) if self.warmup_steps else 1.0
-        self._last_lr = [warm * max(self.eta_min, e * factor) for e in self.eta_max]
-        for g, lr in zip(self.optimizer.param_groups, self._last_lr):
-            g["lr"] = lr
+        warm = self.warmup()
+        self._apply([warm * max(self.eta_min, e * factor) for e in self.eta_max])
+        self.t += 1
         self.last_S, self.last_V, self.last_n, self.last_factor = S, V, int(n), factor
         return self.get_last_lr()
-
-    def get_last_lr(self) -> list[float]:
-        return list(self._last_lr)
 
     def metrics(self) -> dict[str, float]:
         """``snr/{S,V,snr,n_snr,factor,lr,skipped}`` (S, V after smoothing; before the first accepted
         update only ``snr/lr`` and ``snr/skipped``)."""
-        m = {"snr/lr": self._last_lr[0], "snr/skipped": float(self.n_skipped)}
+        m = {**super().metrics(), "snr/skipped": float(self.n_skipped)}
         if self.last_factor is not None:
             m.update(snr_metrics(self.last_S, self.last_V, self.last_n))
         return m
 
-    _STATE = ("eta_max", "eta_min", "ema", "warmup_steps", "steps", "n_skipped", "_s_avg", "_v_avg",
-              "last_S", "last_V", "last_n", "last_factor", "_last_lr")
-
-    def state_dict(self) -> dict:
-        return {k.lstrip("_"): (list(v) if isinstance(v, list) else v)
-                for k, v in ((k, getattr(self, k)) for k in self._STATE)}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore the controller and re-apply its last lrs to the optimizer's param groups."""
-        missing = [k.lstrip("_") for k in self._STATE if k.lstrip("_") not in state]
-        if missing:
-            raise ValueError(f"SNRLearningRate state_dict is missing keys {missing}")
-        if len(state["last_lr"]) != len(self.optimizer.param_groups):
-            raise ValueError(f"state has {len(state['last_lr'])} param groups, optimizer has "
-                             f"{len(self.optimizer.param_groups)}")
-        for k in self._STATE:
-            v = state[k.lstrip("_")]
-            setattr(self, k, list(v) if isinstance(v, list) else v)
-        for g, lr in zip(self.optimizer.param_groups, self._last_lr):
-            g["lr"] = lr
+    COUNTER_KEY, LAST_KEY = "steps", "last_lr"  # this controller's checkpoint format (oblr.lr_control)
+    _STATE = ("eta_max", "eta_min", "ema", "warmup_steps", "n_skipped", "_s_avg", "_v_avg",
+              "last_S", "last_V", "last_n", "last_factor")

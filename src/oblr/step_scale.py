@@ -37,6 +37,7 @@ import math
 from typing import TYPE_CHECKING, Annotated
 
 from oblr.checks import Range
+from oblr.lr_control import LRController
 from oblr.registry import Registry
 from oblr.schedules import register_schedule
 from oblr.snr import SNRStats
@@ -162,7 +163,7 @@ def _adam_gain(optimizer, params, g_prev, g_prev_sq: float) -> float:
 
 
 @register_schedule("auto")
-class AutoStepSchedule:
+class AutoStepSchedule(LRController):
     """lr_{t+1} = clamp(dbar/hbar) (module docstring); ``lr`` is the initial guess.
 
     The first step is a probe at ``probe * lr`` (a step small enough to be harmless; AdamW's first step
@@ -181,15 +182,14 @@ class AutoStepSchedule:
                  confidence: Annotated[float, Range(ge=0, le=100)] = 1.0):
         name = type(optimizer).__name__
         self.gain = NOISE_GAINS.get(name)
-        self.optimizer = optimizer
         self.params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if not (0.0 <= scale_ema < 1.0 and max_change >= 1.0 and 0 < probe <= 1 and confidence >= 0):
             raise ValueError(f"auto schedule: need 0 <= scale_ema < 1, max_change >= 1, 0 < probe <= 1, "
                              f"confidence >= 0; got {scale_ema}, {max_change}, {probe}, {confidence}")
         self.confidence = float(confidence)
+        super().__init__(optimizer, warmup_steps)
         self.lr, self.eta_min, self.ema, self.grad_clip = float(lr) * probe, float(eta_min), float(scale_ema), float(grad_clip)
-        self.warmup_steps, self.max_change = int(warmup_steps), float(max_change)
-        self.t = 0
+        self.max_change = float(max_change)
         self.prev: dict | None = None  # theta, g (lists), lr, clip factor, V, n, |g|^2 of the last step
         self.avgs = EMPTY_AVERAGES
         self.n_avg = 0
@@ -197,10 +197,7 @@ class AutoStepSchedule:
         self._set(self.lr)
 
     def _set(self, lr: float) -> None:
-        warm = min(1.0, (self.t + 1) / self.warmup_steps) if self.warmup_steps else 1.0
-        self._applied = warm * max(self.eta_min, lr)
-        for g in self.optimizer.param_groups:
-            g["lr"] = self._applied
+        self._apply(self.warmup() * max(self.eta_min, lr))
 
     def _measure(self, g_now: list[torch.Tensor], g_now_sq: float) -> None:
         import torch
@@ -244,29 +241,17 @@ class AutoStepSchedule:
         with torch.no_grad():
             clip = min(1.0, self.grad_clip / math.sqrt(g_sq)) if self.grad_clip > 0 and g_sq > 0 else 1.0
             self.prev = {"theta": [q.detach().clone() for q in self.params], "g": [g.clone() for g in g_now],
-                         "lr": self._applied, "clip": clip, "V": max(float(stats.V), 0.0), "n": int(stats.n),
+                         "lr": self._last[0], "clip": clip, "V": max(float(stats.V), 0.0), "n": int(stats.n),
                          "g_sq": g_sq}
 
-    def get_last_lr(self) -> list[float]:
-        return [self._applied for _ in self.optimizer.param_groups]
-
     def metrics(self) -> dict:
-        m = {"snr/lr": self._applied, **self.last}
+        m = {**super().metrics(), **self.last}
         if getattr(self, "stats", None) is not None:
             m.update(self.stats.metrics())
         return m
 
-    _STATE = ("lr", "eta_min", "ema", "grad_clip", "warmup_steps", "max_change", "t", "prev", "avgs", "confidence",
-              "n_avg", "last", "_applied")
-
-    def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self._STATE}
-
-    def load_state_dict(self, state: dict) -> None:
-        missing = [k for k in self._STATE if k not in state]
-        if missing:
-            raise ValueError(f"auto schedule state_dict is missing keys {missing}")
-        for k in self._STATE:
-            setattr(self, k, state[k])
-        for g in self.optimizer.param_groups:
-            g["lr"] = self._applied
+    # the counter is ``t`` and the applied lr ``_applied`` as before oblr.lr_control (which writes it as a list
+    # of one lr per group and reads the old single number too)
+    COUNTER_KEY, LAST_KEY = "t", "_applied"
+    _STATE = ("lr", "eta_min", "ema", "grad_clip", "warmup_steps", "max_change", "prev", "avgs", "confidence",
+              "n_avg", "last")
