@@ -398,3 +398,21 @@ def test_model_fingerprint_of_large_files_reads_their_edges(tmp_path, monkeypatc
     assert prov.model_fingerprint(tmp_path) != first
     (tmp_path / "model.safetensors").write_bytes(bytes(range(200)) + b"\0")  # another size
     assert prov.model_fingerprint(tmp_path) != first
+
+
+def test_clear_partial_moves_a_folder_of_damaged_checkpoints_aside_and_removes_an_empty_partial(tmp_path):
+    from oblr.experiments.grid import clear_partial
+
+    damaged = tmp_path / "v" / "seed0"
+    (damaged / "checkpoints" / "step_000004").mkdir(parents=True)
+    (damaged / "checkpoints" / "step_000004" / "model.safetensors").write_bytes(b"truncated")  # no state file
+    (damaged / "metrics.jsonl").write_text('{"step": 1}\n')
+    aside = clear_partial(damaged)
+    assert aside == damaged.with_name("seed0.damaged") and not damaged.exists()
+    assert (aside / "checkpoints" / "step_000004" / "model.safetensors").read_bytes() == b"truncated"
+    assert (aside / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    partial = tmp_path / "v" / "seed1"
+    partial.mkdir()
+    (partial / "metrics.jsonl").write_text("")
+    assert clear_partial(partial) is None and not partial.exists()
+    assert clear_partial(tmp_path / "v" / "never-made") is None

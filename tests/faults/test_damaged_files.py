@@ -104,3 +104,18 @@ def test_truncated_cached_builtin_model_is_rebuilt(small_builtin, tmp_path, monk
 
     monkeypatch.setattr(builtin, "build_builtin_model", rebuild)
     assert resolve_model_path("builtin") == cached and built == [cached]
+
+
+def test_fallback_order_is_by_step_number_not_by_name(tmp_path, monkeypatch):
+    import oblr.train.checkpoint as ck
+
+    root = tmp_path / "run" / "checkpoints"
+    for name in ("step_9", "step_10", "step_000002"):  # unpadded names sort wrongly as text
+        (root / name).mkdir(parents=True)
+    tried = []
+    monkeypatch.setattr(ck, "checkpoint_problem", lambda p, deep=False: tried.append(p.name) or "damaged")
+    assert ck.latest_checkpoint(tmp_path / "run") is None
+    assert tried == ["step_10", "step_9", "step_000002"]
+    tried.clear()
+    monkeypatch.setattr(ck, "checkpoint_problem", lambda p, deep=False: None if p.name == "step_9" else "damaged")
+    assert ck.latest_checkpoint(tmp_path / "run").name == "step_9"

@@ -233,18 +233,18 @@ def decide(run_dir: Path, cfg: Config, on_other_code: str = "refuse",
                         f"or --on-other-code reuse to keep its numbers")
 
 
-def aside_dir(run_dir: Path) -> Path:
-    """The first free ``<run_dir>.other-code[-N]`` beside ``run_dir``."""
-    cand, k = run_dir.with_name(run_dir.name + ".other-code"), 1
+def aside_dir(run_dir: Path, tag: str = "other-code") -> Path:
+    """The first free ``<run_dir>.<tag>[-N]`` beside ``run_dir``."""
+    cand, k = run_dir.with_name(f"{run_dir.name}.{tag}"), 1
     while cand.exists():
         k += 1
-        cand = run_dir.with_name(f"{run_dir.name}.other-code-{k}")
+        cand = run_dir.with_name(f"{run_dir.name}.{tag}-{k}")
     return cand
 
 
-def move_aside(run_dir: Path) -> Path:
+def move_aside(run_dir: Path, tag: str = "other-code") -> Path:
     """Rename ``run_dir`` to :func:`aside_dir` (nothing deleted); returns the new path."""
-    dest = aside_dir(run_dir)
+    dest = aside_dir(run_dir, tag)
     run_dir.rename(dest)
     return dest
 
@@ -294,12 +294,19 @@ def plan_grid(grid: Grid, out_dir: str | Path, overrides: list[str] = (),
     return plan
 
 
-def clear_partial(run_dir: Path) -> None:
-    """Remove a run folder that has neither summary nor checkpoint (nothing to resume from)."""
+def clear_partial(run_dir: Path) -> Path | None:
+    """Make room for a fresh start in a run folder that has neither summary nor intact checkpoint (nothing to
+    resume from). A folder with no checkpoint folder at all is removed; one that still holds checkpoint
+    folders (all damaged) is moved aside by :func:`move_aside`, so nothing a user might recover is deleted.
+    Returns the folder it was moved to, or None."""
     if (run_dir / "summary.json").exists() or latest_checkpoint(run_dir) is not None:
         raise RuntimeError(f"refusing to clear {run_dir}: it holds a summary or a checkpoint")
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+    if not run_dir.exists():
+        return None
+    if any((run_dir / "checkpoints").glob("step_*")):
+        return move_aside(run_dir, "damaged")
+    shutil.rmtree(run_dir)
+    return None
 
 
 def write_grid_file(grid: Grid, out_dir: Path, overrides: list[str], command: str) -> Path:

@@ -179,7 +179,9 @@ def _start_msg(log, k: int, n: int, p: PlannedRun) -> None:
         reason = p.reason
     log(f"[grid] run {k}/{n} {p.name}: {verb}{' (' + reason + ')' if reason else ''} -> {p.run_dir}")
     if p.action == "start" and p.reason:
-        clear_partial(p.run_dir)
+        aside = clear_partial(p.run_dir)
+        if aside is not None:
+            log(f"[grid] {p.run_dir} held only damaged checkpoints: moved to {aside}, the run starts afresh")
 
 
 def _job_args(p: PlannedRun, jobs: int, quiet: bool) -> tuple:

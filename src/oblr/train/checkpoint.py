@@ -263,7 +263,7 @@ def latest_checkpoint(run_dir: str | Path, *, deep: bool = False, warn=None, bef
     ``before``: only checkpoints of steps before it."""
     ckpt_root = Path(run_dir) / "checkpoints"
     pointer = ckpt_root / "LATEST"
-    candidates = sorted((p for p in ckpt_root.glob("step_*") if p.is_dir()), reverse=True)
+    candidates = checkpoint_folders(run_dir)  # newest first by step number (step_10 before step_9)
     if before is not None:
         candidates = [p for p in candidates if 0 <= checkpoint_step(p) < before]
     try:
