@@ -364,3 +364,13 @@ def test_report_of_runs_of_one_setting_is_unchanged(tmp_path):
     assert [(g["group"], g["runs"]) for g in res["groups"]] == [("oblr+snr", 2)]
     assert not [m for m in logged if "differ" in m]
     assert "differ in settings" not in (tmp_path / "rep" / "comparison.md").read_text()
+
+
+def test_runs_moved_aside_by_compare_are_not_reported_with_the_grid(tmp_path):
+    from oblr.experiments.report import find_run_dirs
+
+    for name in ("seed0", "seed0.other-code", "seed1.damaged", "seed1.damaged-2"):
+        (tmp_path / "v" / name).mkdir(parents=True)
+        (tmp_path / "v" / name / "metrics.jsonl").write_text("")
+    assert find_run_dirs([tmp_path]) == [tmp_path / "v" / "seed0"]
+    assert find_run_dirs([tmp_path / "v" / "seed1.damaged"]) == [tmp_path / "v" / "seed1.damaged"]

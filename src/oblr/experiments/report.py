@@ -15,6 +15,7 @@ Per-run statistics are :func:`oblr.experiments.compare.run_stats`, built on :mod
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from oblr.experiments.grid import GRID_FILE, IGNORED_FOR_MATCH
@@ -28,14 +29,20 @@ __all__ = ["RUN_PLOTS", "SETTINGS_IGNORED", "build_report", "default_report_dir"
 # folder and the keys that do not change a run's numbers (as when oblr compare reuses a run)
 SETTINGS_IGNORED = IGNORED_FOR_MATCH | {"train.seed", "seed"}
 
+# folders ``oblr compare`` moved aside (``<run>.other-code[-N]``, ``<run>.damaged[-N]``): not part of a grid
+_ASIDE = re.compile(r"\.(other-code|damaged)(-\d+)?$")
+
+
 def find_run_dirs(paths: list[str | Path]) -> list[Path]:
-    """Run folders (holding ``metrics.jsonl``) among ``paths`` or anywhere below them, sorted, unique."""
+    """Run folders (holding ``metrics.jsonl``) among ``paths`` or anywhere below them, sorted, unique. Below a
+    path, folders that ``oblr compare`` moved aside are skipped (name one explicitly to include it)."""
     found: list[Path] = []
     for p in map(Path, paths):
         if (p / "metrics.jsonl").is_file():
             found.append(p)
         elif p.is_dir():
-            below = sorted(m.parent for m in p.rglob("metrics.jsonl") if "checkpoints" not in m.parts)
+            below = sorted(m.parent for m in p.rglob("metrics.jsonl") if "checkpoints" not in m.parts
+                           and not any(_ASIDE.search(part) for part in m.relative_to(p).parts))
             if not below:
                 raise FileNotFoundError(f"{p}: no run folder (metrics.jsonl) in or below it")
             found.extend(below)
