@@ -1,5 +1,7 @@
 """docs/integrations_private_api.md lists every private framework name the TRL and verl adapters touch, and only
-those: read from the adapter sources with ast (no framework imported).
+those: read from the adapter sources with ast (no framework imported); and, in its second table, those the rest
+of oblr touches (a narrower rule: attributes reached from an imported framework name, and private names
+passed to getattr/hasattr/setattr).
 
 A private name is touched where an adapter reads, writes or calls ``x._name`` (or ``getattr(x, "_name")``),
 overrides a ``_name`` method or class attribute in a subclass of a framework class, or imports ``_name`` from
@@ -20,7 +22,8 @@ REPO = Path(oblr.__file__).resolve().parents[2]
 ADAPTERS = Path(oblr.__file__).parent / "integrations"
 TABLE = REPO / "docs" / "integrations_private_api.md"
 PYTHON_DUNDERS = {"__name__", "__qualname__", "__module__", "__doc__", "__dict__", "__class__", "__init__",
-                  "__post_init__", "__getattr__", "__call__", "__wrapped__", "__file__", "__version__"}
+                  "__post_init__", "__getattr__", "__call__", "__wrapped__", "__file__", "__version__",
+                  "__globals__"}
 
 
 def _private(name: str) -> bool:
@@ -99,6 +102,67 @@ def test_every_private_framework_name_the_adapters_touch_is_listed():
 def test_every_listed_name_is_still_touched():
     stale = sorted(table_names() - adapter_names())
     assert not stale, f"rows of {TABLE.name} naming what the adapters no longer touch (remove them): {stale}"
+
+
+def core_touched(source: str, file: str) -> set[tuple[str, str]]:
+    """``{(private name, file)}`` outside the adapters: ``x._name`` where ``x`` starts from an imported
+    framework name (torch, transformers, a stdlib module...), and ``getattr/hasattr/setattr(obj, "_name")``."""
+    tree = ast.parse(source)
+    framework_names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and not (node.module or "").startswith("oblr"):
+            framework_names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            framework_names.update((a.asname or a.name).split(".")[0] for a in node.names
+                                   if not a.name.startswith("oblr"))
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            expr = node.value
+            while isinstance(expr, (ast.Attribute, ast.Call, ast.Subscript)):
+                expr = expr.func if isinstance(expr, ast.Call) else expr.value
+            if isinstance(expr, ast.Name) and expr.id in framework_names:
+                out.add((node.attr, file))
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr", "setattr")
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str) and _private(node.args[1].value)):
+            out.add((node.args[1].value, file))
+    return out
+
+
+def core_names() -> set[tuple[str, str]]:
+    src = Path(oblr.__file__).parent
+    found = set()
+    for p in sorted(src.rglob("*.py")):
+        if "integrations" not in p.relative_to(src).parts:
+            found |= core_touched(p.read_text(), p.relative_to(src).as_posix())
+    return found
+
+
+def core_table_names() -> set[tuple[str, str]]:
+    """Rows of the table under "## Outside the adapters" (``| `name` | `file` |``)."""
+    text = TABLE.read_text().split("## Outside the adapters", 1)[1]
+    return {(m.group(1), m.group(2)) for m in re.finditer(r"^\| `([^`]+)` \| `([a-z_/]+\.py)` \|", text, re.M)}
+
+
+def test_every_private_name_outside_the_adapters_is_listed():
+    missing = sorted(core_names() - core_table_names())
+    assert not missing, f"private framework names touched outside the adapters, not listed in {TABLE.name}: {missing}"
+    stale = sorted(core_table_names() - core_names())
+    assert not stale, f"rows of {TABLE.name} (outside the adapters) naming what oblr no longer touches: {stale}"
+
+
+def test_the_core_check_sees_framework_names_and_not_oblr_s_own():
+    src = '''
+import torch
+from transformers import AutoModel
+def f(model, book):
+    torch._foreach_add_([], [])
+    getattr(model, "_tied_weights_keys", None)
+    return AutoModel._model_mapping, book._own_state, model.config.name
+'''
+    assert core_touched(src, "f.py") == {("_foreach_add_", "f.py"), ("_tied_weights_keys", "f.py"),
+                                          ("_model_mapping", "f.py")}
 
 
 def test_the_check_sees_private_names():
