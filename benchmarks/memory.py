@@ -168,7 +168,7 @@ row after `grpo` by the gradients' size, `4 P` bytes (0.8-8 MiB here), in the ta
 The `*_chunk` rows are `grpo_ckpt` / `oblr_ckpt` / `oblr_recompute` with the output layer in chunks of 128
 positions (`model.logit_chunk_tokens`, section below), measured on four of the cases.
 
-What the model assumes (docstring of `oblr/memory_model.py`): activations per token per layer counted from
+What the model assumes (docstring of `oblr/memory_model/__init__.py`): activations per token per layer counted from
 the tensors a Hugging Face Qwen3 layer saves (GRPO `6h + 7q + 6kv + 4I`; one pass `10h + 5q + 4kv + 4I`, of
 which `4h` is calibrated on these measurements; checkpointed: the layer input `h` plus one recomputed
 layer), the `[B, 1, T, T]` attention mask Hugging Face builds for a padded batch (once: every layer's sdpa
