@@ -11,7 +11,9 @@ optimizer step and the timing. Every OBLR-PO variant computes the same numbers:
 
 Methods (see docs/performance.md):
 
-- ``grpo``: :func:`oblr.update.accumulate_policy_gradient`, baseline ``"grpo"``, no SNR (the plain path);
+- ``grpo``: :func:`oblr.update.accumulate_policy_gradient`, baseline ``"grpo"``, no SNR (the plain path), then
+  the step's ``||gbar||^2`` (:func:`oblr.distributed.step.step_statistics`, as ``oblr train``'s step; every
+  method that goes through the core does the same, with S, V when SNR is on);
 - ``oblr``: the same function, baseline ``"oblr"``, SNR on (book-keeping: one forward, one backward);
 - ``oblr_ghost`` / ``oblr_materialize``: the same with ``norms_method="ghost"`` / ``"materialize"`` instead of
   the engine's per-parameter choice (``auto``);
@@ -41,6 +43,7 @@ from types import SimpleNamespace
 
 import torch
 
+from oblr.distributed.step import step_statistics
 from oblr.estimators import compute_advantages
 from oblr.gradnorm import BookKeeper
 from oblr.logprobs import (
@@ -186,50 +189,49 @@ def _settings(ctx: Ctx, baseline: str, need_snr: bool, norms_method: str = "auto
                           logit_chunk_tokens=logit_chunk, checkpointed_engine=engine)
 
 
+def _core(ctx: Ctx, settings: UpdateSettings) -> SimpleNamespace:
+    """One step of the update core as ``oblr train`` runs it in one process: the core, then the step's
+    ``||gbar||^2`` and S, V (:func:`oblr.distributed.step.step_statistics`, float32 as the trainer's)."""
+    res = accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, settings)
+    grad_sq, stats = step_statistics(ctx.params(), res.per_prompt_sq_norms, float64=False)
+    return SimpleNamespace(per_prompt_sq_norms=res.per_prompt_sq_norms, grad_sq=grad_sq, snr=stats)
+
+
 def step_grpo(ctx: Ctx):
-    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "grpo", False)) \
-        .per_prompt_sq_norms
+    return _core(ctx, _settings(ctx, "grpo", False)).per_prompt_sq_norms
 
 
 def step_oblr(ctx: Ctx):
-    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "oblr", True)) \
-        .per_prompt_sq_norms
+    return _core(ctx, _settings(ctx, "oblr", True)).per_prompt_sq_norms
 
 
 def step_oblr_recompute(ctx: Ctx):
-    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
-                                      _settings(ctx, "oblr", True, engine="recompute")).per_prompt_sq_norms
+    return _core(ctx, _settings(ctx, "oblr", True, engine="recompute")).per_prompt_sq_norms
 
 
 def step_oblr_recompute_chunk(ctx: Ctx):
-    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
-                                      _settings(ctx, "oblr", True, logit_chunk=LOGIT_CHUNK, engine="recompute")) \
+    return _core(ctx, _settings(ctx, "oblr", True, logit_chunk=LOGIT_CHUNK, engine="recompute")) \
         .per_prompt_sq_norms
 
 
 def step_grpo_chunk(ctx: Ctx):
-    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
-                                      _settings(ctx, "grpo", False, logit_chunk=LOGIT_CHUNK)).per_prompt_sq_norms
+    return _core(ctx, _settings(ctx, "grpo", False, logit_chunk=LOGIT_CHUNK)).per_prompt_sq_norms
 
 
 def step_oblr_chunk(ctx: Ctx):
-    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
-                                      _settings(ctx, "oblr", True, logit_chunk=LOGIT_CHUNK)).per_prompt_sq_norms
+    return _core(ctx, _settings(ctx, "oblr", True, logit_chunk=LOGIT_CHUNK)).per_prompt_sq_norms
 
 
 def step_oblr_ghost(ctx: Ctx):
-    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "oblr", True, "ghost")) \
-        .per_prompt_sq_norms
+    return _core(ctx, _settings(ctx, "oblr", True, "ghost")).per_prompt_sq_norms
 
 
 def step_oblr_materialize(ctx: Ctx):
-    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards,
-                                      _settings(ctx, "oblr", True, "materialize")).per_prompt_sq_norms
+    return _core(ctx, _settings(ctx, "oblr", True, "materialize")).per_prompt_sq_norms
 
 
 def step_oblr_loop(ctx: Ctx):
-    return accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "oblr", True, "loop")) \
-        .per_prompt_sq_norms
+    return _core(ctx, _settings(ctx, "oblr", True, "loop")).per_prompt_sq_norms
 
 
 def _coeffs(ctx: Ctx, sq: torch.Tensor, k0: int, k1: int) -> torch.Tensor:
@@ -396,7 +398,7 @@ class AutoStep:
             self.ctl = make_lr_controller("auto", shadow, lr=1e-4, ema=0.9, grad_clip=1.0)
 
     def __call__(self, ctx: Ctx):
-        res = accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, _settings(ctx, "oblr", True))
+        res = _core(ctx, _settings(ctx, "oblr", True))
         self.ctl.step(res.snr)
         return res.per_prompt_sq_norms
 

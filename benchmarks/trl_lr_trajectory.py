@@ -167,10 +167,11 @@ def bf16_pairs(batches: int) -> list[dict]:
     import torch
 
     from oblr.config import load_config
+    from oblr.distributed.step import step_statistics
     from oblr.models import load_model_and_tokenizer
     from oblr.rollout import generate_and_score, make_engine
     from oblr.tasks import get_task, reward_scorer
-    from oblr.update import UpdateSettings, accumulate_policy_gradient
+    from oblr.update import UpdateSettings, accumulate_policy_gradient, trainable_params
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -186,8 +187,9 @@ def bf16_pairs(batches: int) -> list[dict]:
         model.train()
         t0 = time.perf_counter()
         r = accumulate_policy_gradient(model, batch, rewards.reshape(16, 8), settings, autocast=autocast)
+        gsq, st = step_statistics(trainable_params(model), r.per_prompt_sq_norms, float64=False)  # oblr train's
         grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-        return float(r.snr.signal), float(r.snr.V), float(r.grad_sq_norm), grad, time.perf_counter() - t0
+        return float(st.signal), float(st.V), float(gsq), grad, time.perf_counter() - t0
 
     out = []
     for k in range(batches):

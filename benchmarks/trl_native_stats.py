@@ -26,12 +26,13 @@ def main(argv=None) -> dict:
     import torch
 
     from oblr.config import load_config
+    from oblr.distributed.step import step_statistics
     from oblr.integrations.trl import OBLRGRPOConfig, OBLRGRPOTrainer
     from oblr.integrations.trl.tasks import TaskReward, task_dataset
     from oblr.models import load_model_and_tokenizer
     from oblr.rollout import generate_and_score, make_engine
     from oblr.tasks import get_task, reward_scorer
-    from oblr.update import UpdateSettings, accumulate_policy_gradient
+    from oblr.update import UpdateSettings, accumulate_policy_gradient, trainable_params
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, default=12)
@@ -48,7 +49,8 @@ def main(argv=None) -> dict:
             p.grad = None
         model.train()
         res = accumulate_policy_gradient(model, batch, rewards.reshape(N, G), settings)
-        return float(res.snr.signal), float(res.snr.V), float(res.grad_sq_norm)
+        gsq, st = step_statistics(trainable_params(model), res.per_prompt_sq_norms, float64=False)  # oblr train's
+        return float(st.signal), float(st.V), float(gsq)
 
     native, engine, score = [], make_engine("hf", model, tok), reward_scorer(task)
     for k in range(a.batches):

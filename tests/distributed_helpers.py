@@ -10,6 +10,7 @@ engine); ``engines_used`` records which engines the update core built, so a test
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -169,8 +170,6 @@ def data_parallel_step(model, ref_model, sc: Scenario, parallel, rank: int, worl
 
 
 def _one_process_step(model, ref_model, sc: Scenario, micro_batch_groups: int | None = None) -> dict:
-    import dataclasses
-
     batch, rewards = fixed_batch()
     settings = sc.settings()
     if micro_batch_groups is not None:
@@ -208,13 +207,12 @@ def _data_parallel_step(model, ref_model, sc: Scenario, parallel, rank: int, wor
     lr_ctrl = SNRLearningRate(opt, eta_max=0.5) if sc.need_snr else None
     opt.zero_grad(set_to_none=True)
     up = data_parallel_gradient(model, batch, rewards, sc.settings(), parallel, ref_model=ref_model)
-    st = up.update.snr
+    st = up.snr
     grads = _finish(params, opt, lr_ctrl, up.grad_sq, st, sc, clip_grads_)
     out = {"grads": grads, "grad_sq": up.grad_sq, **_stat_values(st, up.n_prompts), "lr": opt.param_groups[0]["lr"],
            "gks": up.update.per_prompt_sq_norms, "metrics": {k: float(v) for k, v in up.update.metrics.items()},
-           "update_grad_sq": up.update.grad_sq_norm,
-           # the DataParallelUpdate's own S, V, SNR are those of its SNRStats
-           "fields_agree": st is None or all(bool(a == b) for a, b in zip((st.S, st.V, st.snr), (up.S, up.V, up.snr)))}
+           # what the update result carries: the rank's rows' fields only, no step statistics
+           "update_fields": sorted(f.name for f in dataclasses.fields(up.update))}
     if sc.epochs > 1:
         opt.zero_grad(set_to_none=True)
         data_parallel_clipped_gradient(model, batch, up.update, sc.settings(), parallel, up.totals)

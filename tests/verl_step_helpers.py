@@ -127,19 +127,21 @@ def native_step(model, opt, ctl, ro, micro_groups: int = MICRO_ROWS // G) -> dic
     """oblr's own step on the rollouts (what ``oblr train`` does with ``algorithm.aggregation=seq_sum_const``,
     ``max_len=R_MAX``): the update core, S and V, the schedule, clipping, the optimizer step."""
     from oblr.distributed import clip_grads_
+    from oblr.distributed.step import step_statistics
     from oblr.update import UpdateSettings, accumulate_policy_gradient, trainable_params
 
     opt.zero_grad(set_to_none=True)
     settings = UpdateSettings(baseline="oblr", aggregation="seq_sum_const", max_len=R_MAX, need_snr=True,
                               micro_batch_groups=micro_groups, temperature=TEMPERATURE)
     res = accumulate_policy_gradient(model, core_batch(ro), ro.rewards, settings)
+    grad_sq, st = step_statistics(trainable_params(model), res.per_prompt_sq_norms, float64=False)  # one process
     g = grads(model)
-    ctl.step(res.snr)
+    ctl.step(st)
     lr = opt.param_groups[0]["lr"]
-    clip_grads_(trainable_params(model), CLIP, res.grad_sq_norm)
+    clip_grads_(trainable_params(model), CLIP, grad_sq)
     opt.step()
     return {"w": res.estimate.weights.reshape(-1), "adv": res.advantages.reshape(-1), "grads": g,
-            "S": float(res.snr.S), "V": float(res.snr.V), "n": res.snr.n, "lr": lr}
+            "S": float(st.S), "V": float(st.V), "n": st.n, "lr": lr}
 
 
 def verl_engine(model, opt):

@@ -106,6 +106,7 @@ def _rel(a, b) -> float:
 def check_exactness(case: Case, device: torch.device, chunk: int = 16) -> dict:
     """The two-pass and the recompute engines vs the loop, checkpointing on, float32; whole batch and
     micro-batches of one group; whole and chunked logits."""
+    from oblr.distributed.step import step_statistics
     from oblr.snr import snr_factor
 
     model = build_model(case, dtype=torch.float32, device=str(device))
@@ -119,10 +120,11 @@ def check_exactness(case: Case, device: torch.device, chunk: int = 16) -> dict:
                                   ("recompute", 0, "recompute"), ("recompute_chunked", chunk, "recompute")):
             res = _update(model, batch, rewards, case, baseline="oblr", norms_method=method.split("_")[0].replace(
                 "recompute", "auto"), micro_batch_groups=micro, logit_chunk_tokens=c, checkpointed_engine=engine)
-            lr = ETA_MAX * snr_factor(float(res.snr.S), float(res.snr.V), case.n_prompts)
+            st = step_statistics(params, res.per_prompt_sq_norms, float64=False)[1]  # as oblr train's step
+            lr = ETA_MAX * snr_factor(float(st.S), float(st.V), case.n_prompts)
             runs[method] = dict(w=res.estimate.weights.detach(), adv=res.advantages, gk=res.per_prompt_sq_norms,
                                 grad=torch.cat([p.grad.reshape(-1).float() for p in params]),
-                                S=res.snr.S, V=res.snr.V, lr=lr)
+                                S=st.S, V=st.V, lr=lr)
         ref = runs["loop"]
         for name, tag in (("auto", ""), ("auto_chunked", f", output layer in chunks of {chunk}"),
                           ("recompute", ", recompute engine"),

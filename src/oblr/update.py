@@ -1,4 +1,4 @@
-"""One policy-gradient accumulation: rollouts and rewards in, ``.grad`` filled, statistics out.
+"""One policy-gradient accumulation: rollouts and rewards in, ``.grad`` filled, the rows' statistics out.
 
 This is the piece the trainer, the cost benchmark and the framework adapters share. Per micro-batch of
 whole prompt groups (all of them at once by default) it runs one forward pass, computes the per-output
@@ -34,14 +34,17 @@ method name:
 
 On-policy (the first update on a batch) the importance ratio is 1 and clipping is inactive, so both paths
 give the gradient of :func:`oblr.losses.policy_loss`; later epochs (``epochs > 1``) go through
-:func:`accumulate_clipped_gradient` with the stored old and reference log-probs. The SNR statistics
-S, V come from :func:`oblr.snr.snr_statistics` on the per-prompt norms and ``||.grad||^2``.
+:func:`accumulate_clipped_gradient` with the stored old and reference log-probs.
 
-A data-parallel rank calls the same functions on its block of whole prompt groups with ``totals`` (the
-global batch's :class:`~oblr.losses.BatchTotals`, so the factors c_i and the scale of g_k are those of
-the global batch) and, under FSDP2, a ``grad_sink`` that sends the book-keeping gradient to the sharded
-``.grad``; its ``.grad`` is then a partial sum, so ``grad_sq_norm`` and ``snr`` are left to
-:mod:`oblr.distributed` (None here).
+The core computes only what is local to the rows it is given -- advantages, the rollout and reference
+log-probs, the per-prompt ``||g_k||^2``, the metrics and the estimate -- and returns one
+:class:`UpdateResult`, the same fields whoever calls it. It never reads ``.grad`` back: ``||gbar||^2`` of
+the step's (reduced) gradient and S, V are formed once, by :func:`oblr.distributed.step.step_statistics`,
+after every rank's share is in ``.grad``. A caller says which batch its rows belong to: ``totals`` (a
+data-parallel rank: the global batch's :class:`~oblr.losses.BatchTotals`, so the factors c_i and the scale
+of g_k are those of the global batch, with, under FSDP2, a ``grad_sink`` that sends the book-keeping
+gradient to the sharded ``.grad``) or ``n_prompts`` (a framework that fixes the factors itself,
+``seq_scale``); by default the rows are the whole batch.
 """
 
 from __future__ import annotations
@@ -65,7 +68,6 @@ from oblr.logprobs import (
 from oblr.losses import BatchTotals, policy_loss, sequence_kl, sequence_scale
 from oblr.params import grad_sq_norm, trainable_params  # noqa: F401 (re-exported: the core's API)
 from oblr.registry import Registry
-from oblr.snr import SNRStats, snr_statistics
 
 
 @dataclass
@@ -77,7 +79,7 @@ class UpdateSettings:
     baseline_options: dict = field(default_factory=dict)
     aggregation: str = "seq_sum_const"
     max_len: int | None = None   # the constant of seq_sum_const (None: the batch width)
-    need_snr: bool = True        # compute per-prompt norms and S, V (book-keeping path)
+    need_snr: bool = True        # compute the per-prompt norms S, V are made from (book-keeping path)
     norms_method: str = "auto"
     checkpointed_engine: str = "two_pass"  # with activation checkpointing on: two_pass | recompute
     micro_batch_groups: int = 0  # 0 = the whole batch at once
@@ -106,12 +108,12 @@ DERIVED = frozenset({"need_snr", "temperature", "top_p", "assemble_grad", "logit
 
 @dataclass
 class UpdateResult:
+    """What one call computed from its rows (every field is these rows'; the same fields in every use)."""
+
     advantages: torch.Tensor                # [N, G]
     old_logprobs: torch.Tensor              # [B, T] token log-probs of the rollout policy (detached)
-    per_prompt_sq_norms: torch.Tensor | None  # [N] ||g_k||^2, g_k scaled so that mean_k g_k = .grad
+    per_prompt_sq_norms: torch.Tensor | None  # [N] ||g_k||^2 (need_snr); mean of g_k over the batch's N = its gradient
     metrics: dict
-    grad_sq_norm: torch.Tensor | None = None  # ||.grad||^2 after the call (the step's ||gbar||^2), float32
-    snr: SNRStats | None = None               # S, V, SNR of the step (when settings.need_snr)
     ref_logprobs: torch.Tensor | None = None  # [B, T] token log-probs of the reference (when kl_coef > 0)
     estimate: Estimate | None = None          # the estimator's output [N, G] behind the estimator metrics
 
@@ -180,21 +182,21 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     ``settings.kl_coef > 0``. The loss is ``sum_i obj_i`` (module docstring); exact weights are
     ``w_i = c_i^2 ||s_i||^2``, the squared norm of the per-sequence gradient that aggregation produces.
     Metrics (0-d tensors): the estimator's (over the whole batch), ``optim/loss``, ``train/entropy``
-    (token mean) and with KL ``actor/kl`` (token mean of k3). ``grad_sq_norm`` and ``snr`` describe
-    ``.grad`` after the call, i.e. the step's gradient when ``.grad`` was zero before.
+    (token mean) and with KL ``actor/kl`` (token mean of k3). ``.grad`` is not read back: the step's
+    ``||gbar||^2`` and S, V come from :func:`oblr.distributed.step.step_statistics`.
 
     ``totals``: the batch these rows belong to (a data-parallel rank's global batch; default: these
     rows); with ``N_tot = totals.sequences / G`` prompts, c_i are the global batch's factors and
-    ``per_prompt_sq_norms`` are ``||N_tot h_k||^2``; ``grad_sq_norm`` and ``snr`` are then None.
+    ``per_prompt_sq_norms`` are ``||N_tot h_k||^2``, ``h_k`` prompt k's share of the gradient.
     ``grad_sink(param, increment)``: where the book-keeping path puts each parameter's gradient
     increment (default ``param.grad += increment``; see :class:`oblr.gradnorm.BookKeeper`).
     ``seq_scale`` [B]: the factors c_i, when the caller's loss fixes them (a framework's own normalisation,
     times per-row importance ratios); default :func:`oblr.losses.sequence_scale` of ``settings.aggregation``.
     ``n_prompts``: prompts of the whole batch (over all ranks) when ``seq_scale`` is given and ``totals``
-    is not (scales ``per_prompt_sq_norms``; ``grad_sq_norm`` and ``snr`` are then None, as with ``totals``).
+    is not (the ``N_tot`` that scales ``per_prompt_sq_norms``).
     ``autocast``: a context-manager factory the forward passes run in. With ``settings.assemble_grad``
-    False nothing is added to ``.grad`` (``grad_sq_norm`` and ``snr`` are None); the advantages and, with
-    ``need_snr``, ``per_prompt_sq_norms`` are computed as usual.
+    False nothing is added to ``.grad``; the advantages and, with ``need_snr``, ``per_prompt_sq_norms``
+    are computed as usual.
     """
     N, G = rewards.shape
     ids, am, rm = batch.input_ids, batch.attention_mask, batch.response_mask
@@ -280,13 +282,8 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
     metrics["train/entropy"] = ent_sum / n_tok
     if kl_on:
         metrics["actor/kl"] = kl_sum / n_tok
-    per_prompt = torch.cat(gks) if gks else None
-    gsq = stats = None
-    if totals is None and n_prompts is None and settings.assemble_grad:  # a rank's .grad is a partial sum: oblr.distributed reduces it
-        gsq = grad_sq_norm(model)
-        stats = snr_statistics(per_prompt, gsq, N) if per_prompt is not None else None
-    return UpdateResult(est.advantages.detach(), torch.cat(old_lps), per_prompt, metrics, grad_sq_norm=gsq,
-                        snr=stats, ref_logprobs=torch.cat(ref_lps) if ref_lps else None, estimate=est)
+    return UpdateResult(est.advantages.detach(), torch.cat(old_lps), torch.cat(gks) if gks else None, metrics,
+                        ref_logprobs=torch.cat(ref_lps) if ref_lps else None, estimate=est)
 
 
 # policy_loss metrics that are token means (merged over micro-batches weighted by their token counts)

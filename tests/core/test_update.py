@@ -13,9 +13,10 @@ from conftest import tiny_qwen3
 from gradnorm_helpers import make_batch
 
 from oblr.config import AlgorithmConfig, load_config
+from oblr.distributed.step import step_statistics
 from oblr.estimators import compute_advantages
 from oblr.logprobs import token_logprobs
-from oblr.losses import sequence_kl, sequence_scale
+from oblr.losses import BatchTotals, sequence_kl, sequence_scale
 from oblr.snr import signal_noise
 from oblr.update import (
     DERIVED,
@@ -94,9 +95,10 @@ def test_book_keeping_path_matches_one_prompt_at_a_time_reference(setup, baselin
     assert _close(grad, gbar)
     assert torch.allclose(res.per_prompt_sq_norms, sq, rtol=2e-4)
     S, V, _ = signal_noise(sq.double(), sum(g.double().pow(2).sum() for g in gbar), N)
-    assert float(res.snr.V) >= 0  # S and V describe the same vectors as the update (the KL term is in g_k)
-    assert float(res.snr.V) == pytest.approx(float(V), rel=2e-3, abs=1e-12)
-    assert float(res.snr.S) == pytest.approx(float(S), rel=2e-3, abs=1e-12)
+    _, st = step_statistics(_params(model), res.per_prompt_sq_norms, float64=False)  # as oblr train's step
+    assert float(st.V) >= 0  # S and V describe the same vectors as the update (the KL term is in g_k)
+    assert float(st.V) == pytest.approx(float(V), rel=2e-3, abs=1e-12)
+    assert float(st.S) == pytest.approx(float(S), rel=2e-3, abs=1e-12)
     assert float(res.metrics["optim/loss"]) == pytest.approx(loss, rel=1e-5, abs=1e-9)
     assert ("actor/kl" in res.metrics) == bool(kl_coef)
     assert (res.ref_logprobs is not None) == bool(kl_coef)
@@ -111,7 +113,7 @@ def test_plain_path_and_micro_batches_mean_the_same_as_the_whole_batch(setup, kl
     whole, g_whole = _run(model, batch, rewards, r, baseline="grpo", kl_coef=kl_coef)
     plain, g_plain = _run(model, batch, rewards, r, baseline="grpo", kl_coef=kl_coef, need_snr=False)
     micro, g_micro = _run(model, batch, rewards, r, baseline="grpo", kl_coef=kl_coef, micro_batch_groups=2)
-    assert plain.per_prompt_sq_norms is None and plain.snr is None
+    assert plain.per_prompt_sq_norms is None
     assert torch.allclose(micro.per_prompt_sq_norms, whole.per_prompt_sq_norms, rtol=2e-4)
     for res, grad in ((plain, g_plain), (micro, g_micro)):
         assert _close(grad, g_whole)
@@ -228,11 +230,38 @@ def test_without_assembling_the_gradient_the_norms_and_advantages_are_the_same_a
                                   micro_batch_groups=mb, assemble_grad=False)
         res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=r)
         assert all(p.grad is None for p in model.parameters())
-        assert res.grad_sq_norm is None and res.snr is None
         assert torch.allclose(res.per_prompt_sq_norms, whole.per_prompt_sq_norms, rtol=2e-4)
         assert torch.allclose(res.estimate.weights, whole.estimate.weights, rtol=1e-5)
         assert torch.allclose(res.advantages, whole.advantages, rtol=1e-5, atol=1e-7)
         assert float(res.metrics["optim/loss"]) == pytest.approx(float(whole.metrics["optim/loss"]), rel=1e-5)
+
+
+def test_one_result_type_whoever_calls_it(setup):
+    """Every way of calling the core (the whole batch; a rank's rows with the global totals; a framework's
+    factors with the global prompt count; no assembly) returns the same fields, computed from its rows only:
+    the core holds no step statistics (||gbar||^2 and S, V are oblr.distributed.step.step_statistics')."""
+    model, _, batch, rewards = setup
+    c = sequence_scale(batch.response_mask.float(), "seq_sum_const", max_len=MAX_LEN)
+    settings = UpdateSettings(aggregation="seq_sum_const", max_len=MAX_LEN, baseline="oblr")
+    calls = {
+        "whole batch": dict(),
+        "rank rows": dict(totals=BatchTotals.of(batch.response_mask)),
+        "given factors": dict(seq_scale=c, n_prompts=N),
+        "no assembly": dict(settings=dataclasses.replace(settings, assemble_grad=False)),
+    }
+    filled = {}
+    for name, kw in calls.items():
+        for p in model.parameters():
+            p.grad = None
+        res = accumulate_policy_gradient(model, batch, rewards, kw.pop("settings", settings), **kw)
+        filled[name] = sorted(f.name for f in dataclasses.fields(res) if getattr(res, f.name) is not None)
+        # the same rows and the same N: the same per-prompt norms whoever asks
+        assert torch.allclose(res.per_prompt_sq_norms, filled.setdefault("gks", res.per_prompt_sq_norms), rtol=1e-5)
+    gks = filled.pop("gks")
+    assert gks.shape == (N,)
+    assert all(v == filled["whole batch"] for v in filled.values()), filled
+    assert filled["whole batch"] == ["advantages", "estimate", "metrics", "old_logprobs", "per_prompt_sq_norms"]
+    assert not {"grad_sq_norm", "snr"} & {f.name for f in dataclasses.fields(res)}
 
 
 def test_given_factors_and_prompt_count_are_used_as_given(setup):
@@ -246,7 +275,6 @@ def test_given_factors_and_prompt_count_are_used_as_given(setup):
     settings = UpdateSettings(aggregation="token_mean", baseline="oblr")  # overridden by seq_scale
     res = accumulate_policy_gradient(model, batch, rewards, settings, seq_scale=c * ratio, n_prompts=2 * N)
     grad = [p.grad.clone() for p in _params(model)]
-    assert res.grad_sq_norm is None and res.snr is None  # the rows are part of a larger batch
     # reference: one prompt at a time with the given factors; exact weights are (c_i r_i)^2 ||s_i||^2
     params = _params(model)
     s_rows = []

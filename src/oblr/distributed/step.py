@@ -1,4 +1,5 @@
-"""One data-parallel policy-gradient accumulation with the semantics of one process on the global batch.
+"""One data-parallel policy-gradient accumulation with the semantics of one process on the global batch,
+and the step's ``||gbar||^2`` and S, V (:func:`step_statistics`, their one owner).
 
 Every rank holds its block of whole prompt groups (:mod:`oblr.distributed.layout`). Per step:
 
@@ -10,12 +11,15 @@ Every rank holds its block of whole prompt groups (:mod:`oblr.distributed.layout
    and ``||g_k||^2`` of its own prompts;
 3. ``parallel.reduce_grads``: ``.grad`` becomes the sum over ranks = the one-process gradient
    (ddp: bucketed all-reduce; fsdp: reduce-scatter into the shards);
-4. ``||gbar||^2`` from the reduced gradient (:func:`~oblr.distributed.collectives.grad_sq_norm`), the N
-   per-prompt norms by an all-gather in rank (= prompt) order, S, V, SNR by :func:`oblr.snr.snr_statistics`,
-   then broadcast from rank 0 so every rank sets bit-identical learning rates; the estimator's metrics
-   from the gathered [N, G] estimate (as one process computes them), the others by one all-reduce.
+4. the N per-prompt norms by an all-gather in rank (= prompt) order, then :func:`step_statistics`:
+   ``||gbar||^2`` of the reduced gradient, summed once, and S, V, SNR by :func:`oblr.snr.snr_statistics`,
+   broadcast from rank 0 so every rank sets bit-identical learning rates; the estimator's metrics from
+   the gathered [N, G] estimate (as one process computes them), the others by one all-reduce.
 
-In a single process every collective is the identity and this is :func:`accumulate_policy_gradient`.
+In a single process every collective is the identity: step 2 on the whole batch, then step 4's
+:func:`step_statistics` with ``||gbar||^2`` summed in float32 (:func:`oblr.params.sq_norm_sum`, as the
+one-process step always has; ranks sum in float64). :func:`step_statistics` is also what the TRL and verl
+adapters call on their reduced ``.grad``.
 """
 
 from __future__ import annotations
@@ -27,8 +31,7 @@ import torch
 
 from oblr.estimators import Estimate
 from oblr.losses import BatchTotals
-from oblr.params import grad_sq_norm as update_grad_sq_norm
-from oblr.params import trainable_params
+from oblr.params import sq_norm_sum, trainable_params
 from oblr.snr import SNRStats, snr_statistics
 from oblr.update import UpdateResult, UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
 
@@ -36,23 +39,44 @@ from .collectives import all_gather_cat, broadcast_, global_totals, grad_sq_norm
 from .env import is_distributed
 
 
+def step_statistics(params, per_prompt_sq_norms: torch.Tensor | None, n_prompts: int | None = None, *,
+                    float64: bool = True) -> tuple[torch.Tensor, SNRStats | None]:
+    """``(||gbar||^2, SNRStats or None)`` of a step whose gradient gbar is in ``.grad`` of ``params``.
+
+    ``.grad`` must be the whole step's gradient (reduced over ranks; sharded DTensors are summed over
+    their process group). ``per_prompt_sq_norms``: every prompt's ``||g_k||^2`` [N] in prompt order, or
+    their 0-d sum over all ranks (then ``n_prompts``, the prompt count, is required), or None (no S, V).
+    ``float64`` (default): ``||gbar||^2`` by :func:`oblr.distributed.collectives.grad_sq_norm` (float64)
+    and S, V in float64; False: the float32 sum of :func:`oblr.params.grad_sq_norm` and S, V in the
+    norms' own dtype -- one process of ``oblr train``, whose numbers have always been those. The squared
+    norm is summed here once; nothing else re-sums it for the same step.
+    """
+    params = list(params)
+    if float64:
+        gsq = grad_sq_norm(params)
+    else:
+        gsq = sq_norm_sum([p.grad for p in params if p.grad is not None], device=params[0].device if params else None)
+    if per_prompt_sq_norms is None:
+        return gsq, None
+    sq = per_prompt_sq_norms.double() if float64 else per_prompt_sq_norms
+    return gsq, snr_statistics(sq, gsq, n_prompts)
+
+
 @dataclass
 class DataParallelUpdate:
     """The step's global statistics (equal on every rank) and this rank's own per-row results.
 
     ``update``: :class:`UpdateResult` whose ``advantages`` [N/W, G] and ``old_logprobs`` are this rank's,
-    ``per_prompt_sq_norms`` the global [N] (prompt order), ``metrics`` reduced over ranks, and
-    ``grad_sq_norm`` / ``snr`` (:class:`~oblr.snr.SNRStats`) the global ones, as one process returns them.
-    ``grad_sq`` = ``||gbar||^2`` of the reduced gradient; S, V, SNR None when the settings need no SNR.
+    ``per_prompt_sq_norms`` the global [N] (prompt order) and ``metrics`` reduced over ranks.
+    ``grad_sq`` = ``||gbar||^2`` of the reduced gradient (what the finite check and clipping read);
+    ``snr``: the step's :class:`~oblr.snr.SNRStats` (S, V, SNR, signal), None when the settings need no SNR.
     """
 
     update: UpdateResult
     totals: BatchTotals
     n_prompts: int
     grad_sq: torch.Tensor
-    S: torch.Tensor | None = None
-    V: torch.Tensor | None = None
-    snr: torch.Tensor | None = None
+    snr: SNRStats | None = None
 
 
 def gather_estimate(est: Estimate) -> Estimate:
@@ -77,13 +101,8 @@ def data_parallel_gradient(model, batch, rewards: torch.Tensor, settings: Update
     rm = batch.response_mask
     if not is_distributed():  # one process: the ordinary step, bit for bit
         res = accumulate_policy_gradient(model, batch, rewards, settings, ref_model=ref_model)
-        st = res.snr
-        # the norm of the .grad about to be applied, read back with the update's own function (float32, so
-        # the one-process step stays bit for bit the ordinary one): the trainer's finite check sees exactly
-        # what the optimizer will apply
-        res = dataclasses.replace(res, grad_sq_norm=update_grad_sq_norm(model))
-        return DataParallelUpdate(res, BatchTotals.of(rm), n_local, res.grad_sq_norm,
-                                  *((st.S, st.V, st.snr) if st is not None else ()))
+        grad_sq, stats = step_statistics(trainable_params(model), res.per_prompt_sq_norms, n_local, float64=False)
+        return DataParallelUpdate(res, BatchTotals.of(rm), n_local, grad_sq, stats)
     totals = global_totals(rm)
     if totals.sequences % G:
         raise ValueError(f"the ranks hold {totals.sequences} sequences in all, not a multiple of G = {G}")
@@ -92,24 +111,20 @@ def data_parallel_gradient(model, batch, rewards: torch.Tensor, settings: Update
                                      grad_sink=parallel.grad_sink())
     params = trainable_params(model)
     parallel.reduce_grads(params)
-    grad_sq = grad_sq_norm(params)
     est_metrics = gather_estimate(res.estimate).metrics()
     metrics = reduce_metrics({k: v for k, v in res.metrics.items() if k not in est_metrics}, n_prompts=n_local,
                              n_prompts_total=N, tokens=float(rm.sum()), tokens_total=float(totals.tokens))
     metrics.update(est_metrics)
-    gks, stats = None, None
-    if res.per_prompt_sq_norms is not None:
-        gks = all_gather_cat(res.per_prompt_sq_norms)
-        st = snr_statistics(gks.double(), grad_sq.to(gks.device), N)  # float64: S can be a small difference
-        vals = broadcast_(torch.stack([st.S, st.V, st.snr, st.signal, grad_sq.to(st.S.device).double()]))
+    gks = None if res.per_prompt_sq_norms is None else all_gather_cat(res.per_prompt_sq_norms)
+    grad_sq, stats = step_statistics(params, gks, N)  # float64: S can be a small difference
+    if stats is not None:  # rank 0's numbers on every rank: bit-identical learning rates
+        vals = broadcast_(torch.stack([stats.S, stats.V, stats.snr, stats.signal, grad_sq.to(stats.S.device)]))
         stats = SNRStats(*vals[:4].unbind(), n=N)
         grad_sq = vals[4]
     else:
         grad_sq = broadcast_(grad_sq.reshape(1))[0]
-    update = dataclasses.replace(res, per_prompt_sq_norms=gks, metrics=metrics, grad_sq_norm=grad_sq, snr=stats)
-    if stats is None:
-        return DataParallelUpdate(update, totals, N, grad_sq)
-    return DataParallelUpdate(update, totals, N, grad_sq, stats.S, stats.V, stats.snr)
+    update = dataclasses.replace(res, per_prompt_sq_norms=gks, metrics=metrics)
+    return DataParallelUpdate(update, totals, N, grad_sq, stats)
 
 
 def data_parallel_clipped_gradient(model, batch, first: UpdateResult, settings: UpdateSettings, parallel,

@@ -189,22 +189,23 @@ class Trainer(RunSetup):
         if batch.sampler_logprobs is not None:  # on-policy check; the update used the trainer's own log-probs
             metrics.update(logprob_gap(batch.sampler_logprobs.to(self.device), res.old_logprobs,
                                        batch.response_mask.to(self.device)))
-        grad_sq = res.grad_sq_norm  # of the gradient about to be applied, over all ranks
         times["time/norms"] = time.perf_counter() - t2
 
         with sigint_deferred():  # from here the step changes state: it completes, or Ctrl-C waits for it
-            return self._finish_step(step, batch, rewards, up, grad_sq, metrics, times, t0, failures_before)
+            return self._finish_step(step, batch, rewards, up, metrics, times, t0, failures_before)
 
-    def _finish_step(self, step, batch, rewards, up, grad_sq, metrics, times, t0, failures_before) -> dict:
-        """The update and the step's metrics (runs with Ctrl-C held back); marks the step completed."""
-        cfg, res = self.cfg, up.update
+    def _finish_step(self, step, batch, rewards, up, metrics, times, t0, failures_before) -> dict:
+        """The update and the step's metrics (runs with Ctrl-C held back); marks the step completed.
+        ``up.grad_sq`` is the ``||gbar||^2`` of the gradient about to be applied (over all ranks), ``up.snr``
+        its S, V: the finite check, the schedule and clipping all read these."""
+        cfg, res, grad_sq = self.cfg, up.update, up.grad_sq
         params = trainable_params(self.model)
         t3 = time.perf_counter()
         finite = bool(torch.isfinite(grad_sq)) and bool(torch.isfinite(torch.as_tensor(metrics["optim/loss"])))
         metrics["optim/grad_norm"] = grad_sq.sqrt()
         if finite:
             self.bad_steps = 0
-            self.lr_ctrl.step(res.snr)
+            self.lr_ctrl.step(up.snr)
             if cfg.optim.grad_clip > 0:
                 clip_grads_(params, cfg.optim.grad_clip, grad_sq)
             self.optimizer.step()
@@ -222,8 +223,8 @@ class Trainer(RunSetup):
             self.bad_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
         metrics["optim/skipped"] = 0.0 if finite else 1.0
-        if res.snr is not None and not self.lr_ctrl.needs_snr:  # algorithm.track_snr with a fixed schedule
-            metrics.update(res.snr.metrics())
+        if up.snr is not None and not self.lr_ctrl.needs_snr:  # algorithm.track_snr with a fixed schedule
+            metrics.update(up.snr.metrics())
         metrics.update(self.lr_ctrl.metrics())
         metrics["optim/lr"] = self.lr_ctrl.get_last_lr()[0]
         times["time/update"] = time.perf_counter() - t3

@@ -15,8 +15,9 @@ of ``oblr_baseline`` (leave-one-out within each group) and, from the same record
 
 - without DeepSpeed (one process or DDP): the weighted gradient itself is written into ``.grad`` (the
   folded backward: TRL's own loss forward/backward is skipped; ``training_step`` only generates),
-  summed over processes with one all-reduce; then S, V and the SNR from the per-prompt norms (all-reduced)
-  and ``||gbar||^2`` of the synchronised gradient, and the lr is set before the optimizer step;
+  summed over processes with one all-reduce; then ``||gbar||^2`` of the synchronised gradient and S, V,
+  SNR from the per-prompt norms (all-reduced), by :func:`oblr.distributed.step.step_statistics` as in
+  ``oblr train`` on ranks (float64), and the lr is set before the optimizer step;
 - with DeepSpeed (ZeRO-1/2/3): TRL's loss and backward run with oblr's advantages (DeepSpeed owns the
   gradient); the per-prompt norms are all-reduced at generation time and the lr is set from DeepSpeed's
   pre-clip global gradient norm in a pre-step hook of the inner optimizer, before its update.
@@ -45,7 +46,7 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import use_adapter
 
 from oblr.distributed.collectives import all_reduce_grads, all_reduce_sum
-from oblr.distributed.collectives import grad_sq_norm as global_grad_sq_norm
+from oblr.distributed.step import step_statistics
 from oblr.gradnorm import make_book
 from oblr.losses import BatchTotals, sequence_scale
 from oblr.schedules import make_lr_controller
@@ -182,11 +183,17 @@ class OBLRGRPOTrainer(GRPOTrainer):
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
-    def _oblr_set_lr(self, gbar_sq: torch.Tensor) -> None:
-        """S, V, SNR from the pending per-prompt norms and ``||gbar||^2``; set the lr of every param group."""
+    def _oblr_set_lr(self, gbar_sq: torch.Tensor | None = None) -> None:
+        """S, V, SNR from the pending per-prompt norms and ``||gbar||^2``; set the lr of every param group.
+        ``gbar_sq`` None: the folded gradient is in ``.grad``, and :func:`oblr.distributed.step.step_statistics`
+        (the one owner of the step's ``||gbar||^2`` and S, V) sums it; otherwise the squared pre-clip norm of
+        the gradient DeepSpeed (or the Trainer) reduced."""
         sum_gk, n = self._oblr_pending
         self._oblr_pending = None
-        st = snr_statistics(sum_gk.double(), gbar_sq.double(), n)
+        if gbar_sq is None:
+            gbar_sq, st = step_statistics(trainable_params(self.model), sum_gk, n)
+        else:
+            st = snr_statistics(sum_gk.double(), gbar_sq.double(), n)
         self._oblr_controller.step(st)  # the unclamped signal and V, as in oblr train (oblr.schedules)
         lr = self._oblr_controller.get_last_lr()[0]
         m = self._metrics["train"]
@@ -306,7 +313,7 @@ class OBLRGRPOTrainer(GRPOTrainer):
         if self.args.oblr_snr_lr:
             self._oblr_pending = (stats[0], n_prompts)
             if self._oblr_fold:
-                self._oblr_set_lr(global_grad_sq_norm(trainable_params(self.model)))
+                self._oblr_set_lr()
         out["advantages"] = res.advantages.reshape(-1).to(out["advantages"].dtype)
         self._oblr_round_loss = m_core["optim/loss"] * self.accelerator.num_processes
         m = self._metrics["train"]

@@ -17,11 +17,12 @@ describe the gradient verl's ``ppo_loss`` then produces. w_i goes into the batch
 estimator reads it (:func:`~oblr.integrations.verl.put_weights`); the sum of ``||g_k||^2`` over every rank
 and the global prompt count go into ``meta_info[META_KEY]``.
 
-:class:`ActorLearningRate` turns those into the learning rate: before the actor's optimizer step it reads
-``||gbar||^2`` of verl's reduced gradient (:func:`oblr.distributed.collectives.grad_sq_norm`), forms S, V
-with :func:`oblr.snr.snr_statistics` and steps an oblr schedule (:func:`oblr.schedules.make_lr_controller`:
-``snr`` or ``auto``), which sets every param group's lr. :func:`wrap_optimizer_step` installs it in front of
-a verl engine's ``optimizer_step`` (before its gradient clipping, so S and V see the unclipped gradient).
+:class:`ActorLearningRate` turns those into the learning rate: before the actor's optimizer step
+:func:`oblr.distributed.step.step_statistics` (as in ``oblr train`` on ranks) sums ``||gbar||^2`` of verl's
+reduced gradient once (float64) and forms S, V with :func:`oblr.snr.snr_statistics`; it then steps an oblr
+schedule (:func:`oblr.schedules.make_lr_controller`: ``snr`` or ``auto``), which sets every param group's lr.
+:func:`wrap_optimizer_step` installs it in front of a verl engine's ``optimizer_step`` (before its gradient
+clipping, so S and V see the unclipped gradient).
 :func:`wrap_checkpointing` puts the schedule's state (EMA averages, step count, the ``auto`` scale) into the
 engine's checkpoints, one file per rank beside verl's own shards (:data:`STATE_FILE`), and restores it on load,
 so a resumed run continues the same learning-rate trajectory.
@@ -217,15 +218,13 @@ class ActorLearningRate:
     def before_step(self) -> dict | None:
         """S, V from the pending sums and ``||gbar||^2`` of ``.grad`` now; the schedule sets the lr. Returns
         ``oblr/*`` metrics, or None when nothing is pending (a second optimizer step on the same batch)."""
-        from oblr.distributed.collectives import grad_sq_norm
-        from oblr.snr import snr_statistics
+        from oblr.distributed.step import step_statistics
 
         if self.pending is None:
             return None
         gk_sum, n = self.pending
         self.pending = None
-        gbar_sq = grad_sq_norm(self.params)
-        st = snr_statistics(torch.tensor(gk_sum, dtype=torch.float64), gbar_sq.double().cpu(), n)
+        gbar_sq, st = step_statistics(self.params, torch.tensor(gk_sum, dtype=torch.float64), n)
         self.controller.step(st)
         self.last = st
         lr = self.controller.get_last_lr()[0]
