@@ -1,5 +1,6 @@
-"""oblr.train.evaluation: the one held-out evaluation every trainer uses (a known engine, by value), and the
-TRL integration's accuracy is the same function's on the same model."""
+"""oblr.train.evaluation and oblr.rollout.heldout: the one held-out evaluation every trainer uses (a known engine,
+by value); the TRL integration's accuracy and the built-in models' measurement are the same function's on the
+same model."""
 
 from __future__ import annotations
 
@@ -66,3 +67,32 @@ def test_trl_heldout_accuracy_is_heldout_eval_on_the_hf_engine(small_builtin):
     h = heldout_eval(make_engine("hf", model, tok), task.eval, reward_scorer(task), samples=2, max_new_tokens=12,
                      seed=5, greedy=False)
     assert acc == h.accuracy_sampled()
+
+
+def test_heldout_eval_with_no_samples_draws_only_the_greedy_answers():
+    task = get_task("arithmetic", n_train=0, n_eval=5)
+    eng = PatternEngine(task.eval)
+    h = heldout_eval(eng, task.eval, reward_scorer(task), samples=0, max_new_tokens=8, seed=3)
+    assert [c["greedy"] for c in eng.calls] == [True]
+    assert h.scores == [] and h.accuracy_sampled() is None and h.accuracy_greedy() == pytest.approx(3 / 5)
+    with pytest.raises(ValueError, match="samples must be a non-negative integer"):
+        heldout_eval(eng, task.eval, reward_scorer(task), samples=-1, max_new_tokens=8, seed=3)
+
+
+def test_the_builtin_models_measurement_is_the_heldout_evaluation(small_builtin):
+    """measure_accuracy (the built-in models' start accuracy) equals heldout_eval on the hf engine, and the mean
+    reward of generate_and_score's rows computed here by hand (its formula before it went through heldout_eval)."""
+    from oblr.models import load_model_and_tokenizer
+    from oblr.models.builtin import measure_accuracy
+    from oblr.rollout import generate_and_score, make_engine
+
+    model, tok = load_model_and_tokenizer(small_builtin)
+    task = get_task("arithmetic", n_train=0, n_eval=6)
+    sampled = measure_accuracy(model, tok, task, task.eval, greedy=False, num_samples=3, max_new_tokens=12, seed=4)
+    greedy = measure_accuracy(model, tok, task, task.eval, greedy=True, max_new_tokens=12)
+    eng = make_engine("hf", model, tok, batch_size=256)
+    h = heldout_eval(eng, task.eval, reward_scorer(task), samples=3, max_new_tokens=12, seed=4)
+    assert (sampled, greedy) == (h.accuracy_sampled(), h.accuracy_greedy())
+    for kw, got in ((dict(num_samples=3, seed=4), sampled), (dict(num_samples=1, greedy=True), greedy)):
+        _, rewards = generate_and_score(eng, task.eval, reward_scorer(task), max_new_tokens=12, **kw)
+        assert got == float(rewards.sum()) / rewards.numel()

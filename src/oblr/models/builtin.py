@@ -173,14 +173,17 @@ def sft_train(model, tokenizer, examples, *, steps: int, batch_size: int, lr: fl
 
 def measure_accuracy(model, tokenizer, task, examples, *, greedy: bool, num_samples: int = 1,
                      max_new_tokens: int = 48, seed: int = 0, batch_size: int = 256) -> float:
-    """Mean reward over ``examples`` x ``num_samples`` (temperature 1, or greedy)."""
-    from oblr.rollout import generate_and_score, make_engine
+    """Mean reward over ``examples`` x ``num_samples`` sampled answers (temperature 1, top-p 1, private
+    generator seeded with ``seed``), or over one greedy answer per example: the held-out evaluation
+    :func:`oblr.rollout.heldout.heldout_eval` on the ``hf`` engine."""
+    from oblr.rollout import make_engine
+    from oblr.rollout.heldout import heldout_eval
     from oblr.tasks import reward_scorer
 
     engine = make_engine("hf", model, tokenizer, batch_size=batch_size)
-    _, rewards = generate_and_score(engine, examples, reward_scorer(task), num_samples=num_samples,
-                                    max_new_tokens=max_new_tokens, greedy=greedy, seed=seed)
-    return float(rewards.sum()) / rewards.numel()
+    h = heldout_eval(engine, examples, reward_scorer(task), samples=0 if greedy else num_samples,
+                     max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=seed, greedy=greedy)
+    return h.accuracy_greedy() if greedy else h.accuracy_sampled()
 
 
 def build_builtin_model(out_dir: str | os.PathLike, *, seed: int = 0, sft_steps: int | None = None,

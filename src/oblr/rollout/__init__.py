@@ -26,7 +26,8 @@ measurement use nothing else; a vLLM engine and a TRL adapter plug in here):
   ``LLM`` colocated in this process; needs the ``vllm`` package, see ``make setup-vllm``).
   Code outside this package never imports an engine module.
 - :func:`generate_and_score` -- generate for a list of examples and score every row: the one
-  "generate, then score" helper of oblr.
+  "generate, then score" helper of oblr; :func:`oblr.rollout.heldout.heldout_eval` on it is the one
+  held-out evaluation (sampled and greedy accuracy on held-out problems).
 """
 
 from __future__ import annotations

@@ -1,60 +1,21 @@
-"""Held-out evaluation of the policy being trained: sampled and greedy answers, scored by the task's reward.
+"""Held-out evaluation of the policy being trained in ``oblr train``: each rank's share, gathered, samples written.
 
-:func:`heldout_eval` is the one function every trainer uses for it: ``oblr train`` calls it on each rank's
-share of the held-out problems and gathers the rows (:func:`evaluate_on_ranks`); the TRL integration's
-:func:`oblr.integrations.trl.tasks.heldout_accuracy` calls it in one process. Sampling uses the run's
-temperature and top-p with a fixed seed (a private generator: the training RNG is untouched), so two
-evaluations of the same weights give the same numbers. Benchmark evaluation of a finished model (pass@k,
-maj@k, the math graders) is ``oblr eval``, :mod:`oblr.evaluate`.
+The evaluation itself is :func:`oblr.rollout.heldout.heldout_eval` (re-exported here with :class:`HeldOut`),
+the one held-out evaluation every trainer and the built-in models' measurement use: ``oblr train`` calls it on
+each rank's share of the held-out problems and gathers the rows (:func:`evaluate_on_ranks`), with the run's
+temperature and top-p and a fixed per-rank seed. Benchmark evaluation of a finished model (pass@k, maj@k, the
+math graders) is ``oblr eval``, :mod:`oblr.evaluate`.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from oblr.rollout.heldout import HeldOut, heldout_eval
 
-@dataclass
-class HeldOut:
-    """Per-row results, prompt-major (``samples`` rows per problem); greedy ones (one per problem) or None."""
-
-    examples: list
-    responses: list[str]
-    scores: list[float]
-    lengths: list[int]
-    greedy_responses: list[str] | None = None
-    greedy_scores: list[float] | None = None
-
-    def accuracy_sampled(self) -> float:
-        return sum(self.scores) / len(self.scores)
-
-    def accuracy_greedy(self) -> float | None:
-        return None if self.greedy_scores is None else sum(self.greedy_scores) / len(self.greedy_scores)
-
-
-def heldout_eval(engine, examples: list, score, *, samples: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int, greedy: bool = True) -> HeldOut:
-    """``samples`` sampled answers per example (``seed``: a private generator) and, with ``greedy``, one greedy
-    answer, each scored by ``score(responses, rows)`` (e.g. :func:`oblr.tasks.base.reward_scorer`)."""
-    from oblr.rollout import generate_and_score
-
-    if not examples:  # e.g. a rank's share when there are fewer problems than ranks
-        return HeldOut([], [], [], [], [] if greedy else None, [] if greedy else None)
-    sampled, scores = generate_and_score(engine, examples, score, num_samples=samples, max_new_tokens=max_new_tokens,
-                                         temperature=temperature, top_p=top_p, seed=seed)
-    out = HeldOut(examples=list(examples), responses=list(sampled.responses), scores=_floats(scores),
-                  lengths=[int(n) for n in sampled.response_lengths.view(-1).tolist()])
-    if greedy:
-        g, g_scores = generate_and_score(engine, examples, score, num_samples=1, max_new_tokens=max_new_tokens,
-                                         greedy=True)
-        out.greedy_responses, out.greedy_scores = list(g.responses), _floats(g_scores)
-    return out
-
-
-def _floats(scores) -> list[float]:
-    return [float(s) for s in (scores.view(-1).tolist() if hasattr(scores, "view") else scores)]
+__all__ = ["HeldOut", "evaluate_on_ranks", "heldout_eval", "sample_rows", "write_samples"]
 
 
 def sample_rows(h: HeldOut) -> list[dict]:
