@@ -225,3 +225,34 @@ def test_two_gloo_ranks_holding_1_and_3_prompts_equal_the_one_process_step(tmp_p
         assert_stats_close(out, nat)
         for k in ("S", "V", "lr"):
             assert out[k] == ranks[0][k]
+
+
+@pytest.mark.parametrize("micro_rows", [h.G, h.MICRO_ROWS])
+def test_the_advantages_are_estimated_once_with_the_numbers_of_a_second_estimate(micro_rows):
+    """The norm pass estimates the advantages (in the update core, one call per micro-batch of groups);
+    ``compute_advantage`` puts exactly those on the response tokens, and they are bit for bit what oblr's
+    estimator gives when run again on verl's rows with the norm pass's w_i (what the driver computed before)."""
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    import oblr.estimators
+    from oblr.integrations.verl.estimator import group_rows
+
+    model = h.initial_model()
+    ro = h.sample_rollouts(model, seed=12)
+    perm = torch.randperm(h.N * h.G, generator=torch.Generator().manual_seed(3))
+    data = h.data_proto(ro, perm)
+    calls = []
+    run = oblr.estimators._run
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(oblr.estimators, "_run", lambda *a: calls.append(a[0]) or run(*a))
+        npass = norm_pass(model, data, h.actor_config(ppo_micro_batch_size_per_gpu=micro_rows), rollout_n=h.G,
+                          temperature=h.TEMPERATURE)
+        data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+        data = compute_advantage(data, adv_estimator="oblr")
+    assert calls == ["oblr"] * (h.N * h.G // micro_rows)  # the norm pass's micro-batches; none on the driver
+    rm = data.batch["response_mask"]
+    assert torch.equal(data.batch["advantages"], npass.advantages[:, None] * rm.float())
+    rows = group_rows(data.non_tensor_batch["uid"])
+    again = oblr.estimators.estimate("oblr", data.batch["token_level_rewards"].sum(-1)[rows],
+                                     weights=npass.weights[rows]).advantages
+    assert torch.equal(npass.advantages[rows], again)

@@ -68,11 +68,12 @@ def test_unknown_recipe_option_is_refused(config):
         recipe.options(bad.actor_rollout_ref)
 
 
-def test_trainer_hook_puts_the_workers_norm_pass_weights_into_the_batch(monkeypatch):
+def test_trainer_hook_puts_the_workers_norm_pass_advantages_into_the_batch(monkeypatch):
     """The driver seam of the recipe on one rank: ``OBLRRayPPOTrainer._compute_old_log_prob`` sends the batch's
     fields to the worker's registered ``oblr_norm_pass`` (called here on a stand-in worker holding a tiny
-    Qwen3 as the actor's module) and returns w_i with the old log-probs; after ``fit``'s union,
-    ``compute_advantage`` with ``oblr`` gives oblr's native advantages and the worker holds S and V's inputs.
+    Qwen3 as the actor's module) and returns its A_i with the old log-probs; after ``fit``'s union,
+    ``compute_advantage`` with ``oblr`` gives those A_i, oblr's native advantages, and the worker holds S and
+    V's inputs.
     verl's own ``_compute_old_log_prob`` (a Ray call to the actor's forward) is replaced by a stand-in."""
     from contextlib import nullcontext
     from types import SimpleNamespace
@@ -114,7 +115,8 @@ def test_trainer_hook_puts_the_workers_norm_pass_weights_into_the_batch(monkeypa
     batch = compute_advantage(batch, adv_estimator="oblr")
     rm = batch.batch["response_mask"].float()
     adv = (batch.batch["advantages"] * rm).sum(-1) / rm.sum(-1)
-    assert h.rel(batch.batch["reward_baselines"], nat["w"]) < 1e-5
+    assert h.rel(batch.batch["reward_baselines"], nat["adv"]) < 1e-5
+    assert torch.equal(batch.batch["advantages"], batch.batch["reward_baselines"][:, None] * rm)
     assert h.rel(adv, nat["adv"]) < 1e-5
     assert worker._oblr_lr.pending[1] == h.N and worker._oblr_lr.pending[0] > 0
 

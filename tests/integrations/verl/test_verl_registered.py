@@ -1,6 +1,7 @@
 """oblr.integrations.verl at verl's own seams, on CPU: the registered ``oblr`` estimator through
 ``ray_trainer.compute_advantage`` and the registered ``oblr`` loss through ``workers.utils.losses.ppo_loss``
-give oblr's advantages and oblr's update-core gradient; refused settings fail with one line.
+give oblr's advantages (the update core's, not estimated again) and oblr's update-core gradient; refused
+settings fail with one line.
 
 Needs verl (tested: 0.9.1 with the ``verl`` extra's packages, constraints/verl.txt); skipped without it
 unless ``OBLR_REQUIRE_VERL=1``. Tolerances (CPU, float32): advantages 1e-6 relative; the gradient through
@@ -65,12 +66,12 @@ def _data_proto(s, perm):
     tlr = torch.zeros(rm.shape)
     last = rm.sum(-1).long() - 1
     tlr[torch.arange(len(rewards)), last] = rewards  # the outcome reward on the last response token
-    w = s.res.estimate.weights.reshape(-1)
+    adv = s.res.advantages.reshape(-1)  # what the actor's norm pass leaves in the batch
     uid = np.array([f"prompt-{k}" for k in range(N) for _ in range(G)], dtype=object)
     data = DataProto.from_dict(tensors={"token_level_rewards": tlr[perm], "response_mask": rm[perm].float(),
                                         "responses": s.batch.input_ids[perm, P:]},
                                non_tensors={"uid": uid[perm.numpy()]})
-    return ov.put_weights(data, w[perm])
+    return ov.put_advantages(data, adv[perm])
 
 
 def test_registered_names_are_oblrs_functions_and_register_is_idempotent():
@@ -90,28 +91,36 @@ def test_verl_external_module_mechanism_registers_both():
 
 
 @pytest.mark.parametrize("shuffled", [False, True])
-def test_compute_advantage_with_oblr_equals_oblrs_estimator_and_the_update_core(setup, shuffled):
+def test_compute_advantage_with_oblr_equals_oblrs_estimator_and_the_update_core(setup, shuffled, monkeypatch):
+    """compute_advantage puts the update core's A_i (the norm pass's) on the response tokens without running an
+    estimator again; they are oblr's estimator on the rewards with the core's w_i."""
+    import oblr.estimators
+
     s = setup
     B = N * G
     perm = torch.randperm(B, generator=torch.Generator().manual_seed(7)) if shuffled else torch.arange(B)
-    data = compute_advantage(_data_proto(s, perm), adv_estimator="oblr")
+    data = _data_proto(s, perm)
+    with monkeypatch.context() as m:
+        m.setattr(oblr.estimators, "_run", lambda *a, **k: pytest.fail("the estimator ran again"))
+        data = compute_advantage(data, adv_estimator="oblr")
     adv = data.batch["advantages"]
     mask = data.batch["response_mask"]
     w = s.res.estimate.weights
     assert (w > 0).all() and w.std() > 0  # real, unequal norms
     expected = compute_advantages("oblr", s.rewards, weights=w).reshape(-1)[perm]
     assert torch.allclose(s.res.advantages.reshape(-1)[perm], expected, rtol=1e-6, atol=1e-7)
+    assert torch.equal(adv, s.res.advantages.reshape(-1)[perm][:, None] * mask)
     torch.testing.assert_close(adv, expected[:, None] * mask, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(data.batch["returns"], adv)
     # not the unweighted leave-one-out mean: the weights matter here
     assert not torch.allclose(expected, compute_advantages("rloo", s.rewards).reshape(-1)[perm], atol=1e-4)
 
 
-def test_estimator_refuses_missing_weights_and_unequal_groups(setup):
+def test_estimator_refuses_missing_advantages_and_unequal_groups(setup):
     s = setup
     data = _data_proto(s, torch.arange(N * G))
     fn = core_algos.get_adv_estimator_fn("oblr")
-    with pytest.raises(ValueError, match=r"needs each row's w_i in batch\['reward_baselines'\]"):
+    with pytest.raises(ValueError, match=r"needs each row's A_i from oblr's norm pass in batch\['reward_baselines'\]"):
         fn(data.batch["token_level_rewards"], data.batch["response_mask"], index=data.non_tensor_batch["uid"])
     uid = data.non_tensor_batch["uid"].copy()
     uid[0] = "prompt-1"

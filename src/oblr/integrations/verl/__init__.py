@@ -12,11 +12,12 @@ them by name through its external-module mechanism::
         actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm \\
         actor_rollout_ref.actor.loss_scale_factor=<max response length> ...
 
-- :mod:`.estimator` -- ``oblr`` estimator: verl's rows grouped by ``uid``, oblr's own
-  :func:`oblr.estimators.estimate` on them, w_i read from ``batch["reward_baselines"]``;
+- :mod:`.estimator` -- ``oblr`` estimator: the norm pass's advantages (oblr's own
+  :func:`oblr.estimators.estimate`, run once per step in the actor) read from ``batch["reward_baselines"]``
+  and put on verl's response tokens;
 - :mod:`.loss` -- ``oblr`` policy loss: :func:`oblr.losses.policy_loss` with ``seq_sum_const`` factors from
   verl's global batch info; refused actor settings (``RULES``);
-- :mod:`.actor` -- the actor-side norm pass (oblr's update core: w_i into the batch, the per-prompt norms
+- :mod:`.actor` -- the actor-side norm pass (oblr's update core: w_i and A_i, A_i into the batch, the per-prompt norms
   for S and V into ``meta_info``) and :class:`~.actor.ActorLearningRate` (``snr`` / ``auto`` on the actor's
   optimizer, in front of the engine's ``optimizer_step``);
 - :mod:`.recipe` -- the trainer and worker subclasses that insert both into a verl 0.9.1 run
@@ -38,15 +39,15 @@ from .actor import (
     wrap_checkpointing,
     wrap_optimizer_step,
 )
-from .estimator import WEIGHTS_KEY, compute_oblr_advantage, oblr_advantages, put_weights
+from .estimator import ADVANTAGES_KEY, compute_oblr_advantage, put_advantages
 from .loss import RULES, oblr_policy_loss, refusal
 
 #: the name both functions are registered under in verl
 NAME = "oblr"
 
-__all__ = ["META_KEY", "NAME", "RULES", "STATE_FILE", "WEIGHTS_KEY", "ActorLearningRate", "NormPass",
-           "compute_oblr_advantage", "load_lr_state", "norm_pass", "oblr_advantages", "oblr_policy_loss",
-           "put_weights", "refusal", "register", "save_lr_state", "wrap_checkpointing", "wrap_optimizer_step"]
+__all__ = ["ADVANTAGES_KEY", "META_KEY", "NAME", "RULES", "STATE_FILE", "ActorLearningRate", "NormPass",
+           "compute_oblr_advantage", "load_lr_state", "norm_pass", "oblr_policy_loss", "put_advantages", "refusal",
+           "register", "save_lr_state", "wrap_checkpointing", "wrap_optimizer_step"]
 
 
 def register() -> None:

@@ -1,4 +1,4 @@
-"""The actor side of OBLR-PO in verl: the norm pass (w_i, per-prompt norms) and the SNR learning rate.
+"""The actor side of OBLR-PO in verl: the norm pass (w_i, advantages, per-prompt norms) and the SNR learning rate.
 
 Whose code: oblr's -- the norm pass and :class:`ActorLearningRate`; verl's -- the ``DataProto`` fields
 read and the engine whose public ``optimizer_step`` / ``save_checkpoint`` / ``load_checkpoint`` are wrapped.
@@ -13,9 +13,10 @@ what verl's ``position_ids`` are for a text model; the batch's ``position_ids`` 
 and one activation-only backward per micro-batch of whole groups give each row's exact
 ``w_i = c_i^2 ||s_i||^2`` and, with the advantages, the per-prompt squared norms ``||g_k||^2``. The factors
 are those of the ``oblr`` policy loss, ``c_i = 1 / (global batch rows x loss_scale_factor)``, so w_i and g_k
-describe the gradient verl's ``ppo_loss`` then produces. w_i goes into the batch where the ``oblr``
-estimator reads it (:func:`~oblr.integrations.verl.put_weights`); the sum of ``||g_k||^2`` over every rank
-and the global prompt count go into ``meta_info[META_KEY]``.
+describe the gradient verl's ``ppo_loss`` then produces. The advantages A_i are computed here, once per step
+(the core's :func:`oblr.estimators.estimate` with those w_i), and go into the batch where the registered ``oblr``
+estimator reads them instead of estimating again (:func:`~oblr.integrations.verl.put_advantages`); the sum of
+``||g_k||^2`` over every rank and the global prompt count go into ``meta_info[META_KEY]``.
 
 :class:`ActorLearningRate` turns those into the learning rate: before the actor's optimizer step
 :func:`oblr.distributed.step.step_statistics` (as in ``oblr train`` on ranks) sums ``||gbar||^2`` of verl's
@@ -40,7 +41,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .estimator import group_rows, put_weights
+from .estimator import group_rows, put_advantages
 from .loss import _get, refusal
 
 #: ``meta_info`` key of the S/V inputs the norm pass leaves in the batch: {"gk_sq_sum": float, "n_prompts": int}
@@ -151,7 +152,7 @@ def norm_pass(module, data, actor_config, *, rollout_n: int, temperature: float 
     adv[flat] = res.advantages.reshape(-1).to(torch.float32)
     gks = res.per_prompt_sq_norms.double()
     gk_sum = _all_sum(gks.sum().reshape(1).clone(), group)[0]
-    put_weights(data, w)
+    put_advantages(data, adv)
     data.meta_info[META_KEY] = {"gk_sq_sum": float(gk_sum), "n_prompts": n_total}
     return NormPass(w, adv, gks, gk_sum, n_total, res.metrics)
 

@@ -13,11 +13,11 @@ overrides verl's private ``RayPPOTrainer._compute_old_log_prob`` and subclasses 
   (``oblr.lr_schedule`` ``snr`` or ``auto``, ``eta_max`` = ``actor.optim.lr``), and it has one more
   registered method, ``oblr_norm_pass`` (dispatched like ``compute_log_prob``: each data-parallel rank gets
   its contiguous block of rows), which runs :func:`~oblr.integrations.verl.actor.norm_pass` on the actor's
-  module and returns each row's w_i;
+  module and returns each row's advantage A_i (computed there, once per step);
 - :class:`OBLRRayPPOTrainer` (verl's legacy ``RayPPOTrainer``, ``trainer.use_v1=False``): its
   ``_compute_old_log_prob`` -- which ``fit`` calls after the rewards and before ``compute_advantage`` --
-  also runs the norm pass and returns w_i as ``reward_baselines`` with the old log-probs, so ``fit`` puts it
-  into the batch where the ``oblr`` estimator reads it; the actor's next optimizer step then sets its lr
+  also runs the norm pass and returns A_i as ``reward_baselines`` with the old log-probs, so ``fit`` puts it
+  into the batch where the ``oblr`` estimator reads it (and does not estimate again); the actor's next optimizer step then sets its lr
   from S and V.
 - :func:`check_run_config`: the whole run's settings the recipe needs, each refused with one line before
   Ray starts (the actor's :data:`~oblr.integrations.verl.RULES` among them).
@@ -46,7 +46,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from . import register as register_oblr
 from .actor import ActorLearningRate, norm_pass, wrap_checkpointing, wrap_optimizer_step
-from .estimator import WEIGHTS_KEY
+from .estimator import ADVANTAGES_KEY
 from .loss import refusal
 
 register_oblr()
@@ -73,7 +73,7 @@ def check_run_config(config) -> None:
         ("trainer.use_v1", _sel(config, "trainer.use_v1") is False, "False",
          "the recipe subclasses the legacy RayPPOTrainer; the v1 trainer's _compute_advantage is not covered yet"),
         ("algorithm.adv_estimator", _sel(config, "algorithm.adv_estimator") == "oblr", "oblr",
-         "the norm pass's w_i are read by the oblr estimator"),
+         "the oblr estimator reads the norm pass's advantages"),
         ("actor_rollout_ref.actor.policy_loss.loss_mode", _sel(actor, "policy_loss.loss_mode") == "oblr", "oblr",
          "S and V describe the gradient of the oblr loss"),
         ("actor_rollout_ref.actor.strategy", _sel(actor, "strategy") == "fsdp2", "fsdp2",
@@ -150,7 +150,7 @@ class OBLRActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def oblr_norm_pass(self, data: DataProto) -> DataProto:
-        """This rank's rows: w_i (returned as ``reward_baselines``); S and V's inputs kept for the next step."""
+        """This rank's rows: A_i (returned as ``reward_baselines``); S and V's inputs kept for the next step."""
         engine = self.actor.engine
         with engine.train_mode():
             data = data.to(next(engine.module.parameters()).device)
@@ -158,7 +158,7 @@ class OBLRActorRolloutRefWorker(ActorRolloutRefWorker):
                             temperature=float(data.meta_info.get("temperature", self.config.rollout.temperature)),
                             dp_group=engine.get_data_parallel_group())
         self._oblr_lr.set_pending(res.gk_sq_sum, res.n_prompts)
-        return DataProto.from_dict(tensors={WEIGHTS_KEY: res.weights.cpu()})
+        return DataProto.from_dict(tensors={ADVANTAGES_KEY: res.advantages.cpu()})
 
 
 class OBLRRayPPOTrainer(RayPPOTrainer):
@@ -173,7 +173,7 @@ class OBLRRayPPOTrainer(RayPPOTrainer):
         sent = batch.select(batch_keys=list(NORM_PASS_KEYS), non_tensor_batch_keys=["uid"],
                             meta_info_keys=["temperature"])
         out = self.actor_rollout_wg.oblr_norm_pass(sent)
-        old_log_prob.batch[WEIGHTS_KEY] = out.batch[WEIGHTS_KEY].to(old_log_prob.batch.device)
+        old_log_prob.batch[ADVANTAGES_KEY] = out.batch[ADVANTAGES_KEY].to(old_log_prob.batch.device)
         return old_log_prob, mfu
 
 
