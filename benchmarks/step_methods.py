@@ -43,7 +43,10 @@ from types import SimpleNamespace
 
 import torch
 
-from oblr.distributed.step import step_statistics
+try:
+    from oblr.distributed.step import step_statistics
+except ImportError:  # src/ from before the core's statistics moved out (op_count.py --before an older revision)
+    step_statistics = None
 from oblr.estimators import compute_advantages
 from oblr.gradnorm import BookKeeper
 from oblr.logprobs import (
@@ -193,6 +196,8 @@ def _core(ctx: Ctx, settings: UpdateSettings) -> SimpleNamespace:
     """One step of the update core as ``oblr train`` runs it in one process: the core, then the step's
     ``||gbar||^2`` and S, V (:func:`oblr.distributed.step.step_statistics`, float32 as the trainer's)."""
     res = accumulate_policy_gradient(ctx.model, ctx.batch, ctx.rewards, settings)
+    if step_statistics is None:  # an older core summed ||gbar||^2 and formed S, V itself
+        return res
     grad_sq, stats = step_statistics(ctx.params(), res.per_prompt_sq_norms, float64=False)
     return SimpleNamespace(per_prompt_sq_norms=res.per_prompt_sq_norms, grad_sq=grad_sq, snr=stats)
 
