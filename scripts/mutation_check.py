@@ -45,7 +45,7 @@ M = [
     ("factor S/(S+V) instead of S/(S+V/N)", "lr factor", "src/oblr/snr.py",
      "den = S + V / n", "den = S + V"),
     ("EMA without bias correction", "lr factor (EMA)", "src/oblr/snr.py",
-     "corr = 1.0 - b**self.steps", "corr = 1.0"),
+     "corr = 1.0 - b**k", "corr = 1.0", ["tests/core/test_snr.py", "tests/core/test_schedules.py"]),
     ("EMA of S not checkpointed", "lr controller state", "src/oblr/snr.py",
      '"_s_avg", "_v_avg",', '"_v_avg",'),
     ("leave-one-out includes the sample itself", "baseline", "src/oblr/estimators.py",
@@ -81,7 +81,8 @@ M = [
      'vhat = st["exp_avg_sq"].double() / (1 - b2**k)', 'vhat = st["exp_avg_sq"].double()',
      ["tests/core/test_step_scale.py"]),
     ("auto schedule state without the d/h averages", "auto lr controller state", "src/oblr/step_scale.py",
-     '"t", "prev", "avgs", "confidence",', '"t", "prev", "confidence",', ["tests/core/test_step_scale.py"]),
+     '"max_change", "prev", "avgs", "confidence",', '"max_change", "prev", "confidence",',
+     ["tests/core/test_step_scale.py"]),
     ("clip factor from the squared norm in kappa", "auto lr: kappa with clipping", "src/oblr/step_scale.py",
      "clip = min(1.0, self.grad_clip / math.sqrt(g_sq))", "clip = min(1.0, self.grad_clip / g_sq)",
      ["tests/core/test_step_scale.py"]),
@@ -171,8 +172,8 @@ M = [
     # ISSUE39-ENGINES (entries are added above this line)
     # issue 39: schedules, TRL and verl adapters, task checkers
     ("snr lr floored after the warm-up, not before", "snr lr: warm-up with a binding floor", "src/oblr/snr.py",
-     "self._last_lr = [warm * max(self.eta_min, e * factor) for e in self.eta_max]",
-     "self._last_lr = [max(self.eta_min, warm * e * factor) for e in self.eta_max]",
+     "self._apply([warm * max(self.eta_min, e * factor) for e in self.eta_max])",
+     "self._apply([max(self.eta_min, warm * e * factor) for e in self.eta_max])",
      ["tests/core/test_schedules.py", "tests/core/test_snr.py"]),
     ("cosine decays over total_steps, not the steps after the warm-up", "cosine lr with warm-up", "src/oblr/schedules.py",
      "span = max(1, self.total_steps - self.warmup_steps)", "span = max(1, self.total_steps)",
@@ -181,13 +182,14 @@ M = [
      "self.inner.step(stats.signal, stats.V, stats.n)", "self.inner.step(stats.S, stats.V, stats.n)",
      ["tests/core/test_schedules.py", "tests/core/test_snr.py"]),
     ("auto lr floored after the warm-up, not before", "auto lr: warm-up with a binding floor", "src/oblr/step_scale.py",
-     "self._applied = warm * max(self.eta_min, lr)", "self._applied = max(self.eta_min, warm * lr)",
+     "self._apply(self.warmup() * max(self.eta_min, lr))", "self._apply(max(self.eta_min, self.warmup() * lr))",
      ["tests/core/test_step_scale.py"]),
     ("auto measures the last step at its unwarmed, unfloored lr", "auto lr: d and h under warm-up or floor",
-     "src/oblr/step_scale.py", '"lr": self._applied, "clip": clip', '"lr": self.lr, "clip": clip',
+     "src/oblr/step_scale.py", '"lr": self._last[0], "clip": clip', '"lr": self.lr, "clip": clip',
      ["tests/core/test_step_scale.py"]),
     ("auto state without its step count (the warm-up restarts on resume)", "auto lr controller state (warm-up)",
-     "src/oblr/step_scale.py", '"max_change", "t", "prev",', '"max_change", "prev",', ["tests/core/test_step_scale.py"]),
+     "src/oblr/lr_control.py", "self.t = state[self.COUNTER_KEY]", "pass",
+     ["tests/core/test_step_scale.py", "tests/core/test_lr_control.py"]),
     ("TRL schedule state not restored from a checkpoint", "TRL lr controller state on resume",
      "src/oblr/integrations/trl/trainer.py",
      "    def load_state_dict(self, state: dict) -> None:\n        self.controller.load_state_dict(state)",
@@ -292,6 +294,8 @@ def run_one(repo: Path, py: str, mutation, *, data_dir: Path, suite: bool, commo
         first = [p for p in dict.fromkeys(likely + (FIRST if common else [])) if (work / p).exists()]
         t0 = time.time()
         stages = [[p] for p in first] + ([["tests"]] if suite else [])  # likely tests first, one file at a time
+        if not stages:
+            raise SystemExit(f"mutation {name!r} names no tests of its own; run it without --own-tests")
         r = None
         for targets in stages:
             r = subprocess.run([py, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-W", "ignore", *targets],
