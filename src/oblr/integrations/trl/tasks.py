@@ -43,7 +43,7 @@ def heldout_accuracy(model, tokenizer, task: Task, *, n_problems: int = 100, sam
                      batch_size: int | None = 256) -> float:
     """Share of correct sampled answers over the first ``n_problems`` held-out problems x ``samples``."""
     from oblr.rollout.hf import HFEngine
-    from oblr.train.evaluation import heldout_eval
+    from oblr.rollout.heldout import heldout_eval
 
     examples = task.eval[:n_problems]
     if not examples:
