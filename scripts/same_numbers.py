@@ -38,6 +38,9 @@ CASES = {
     "default": (),
     "kl+clip+track_snr": ("algorithm.kl_coef=0.05", "optim.grad_clip=0.5", "algorithm.track_snr=true"),
     "grpo+constant": ("algorithm.baseline=grpo", "algorithm.lr_schedule=constant"),
+    "snr+warmup+floor": ("optim.warmup_steps=4", "optim.eta_min=0.0002"),
+    "auto+warmup+sgd": ("algorithm.lr_schedule=auto", "optim.warmup_steps=3", "optim.optimizer=sgd", "optim.lr=0.3"),
+    "cosine+warmup": ("algorithm.baseline=rloo", "algorithm.lr_schedule=cosine", "optim.warmup_steps=3"),
 }
 #: keys left out of the comparison, different on every run: the row's wall-clock timestamp, and (a name
 #: ending in "/" stands for every key it starts) the durations time/generate, time/norms, time/step, ...
