@@ -92,3 +92,56 @@ def test_token_windows_reads_whole_tokens_where_the_probe_sees_zeros(dtype):
     for k in range(4):  # never narrower than the exact window
         idx = exact[k].nonzero().flatten().tolist()
         assert first[k] <= idx[0] and last[k] >= idx[-1] + 1
+
+
+def _windowed_outer(left, T, C, seed):
+    """An Outer on ``left`` whose rows are zero outside hand-set windows (one row empty, one longer than a strip)."""
+    gen = torch.Generator().manual_seed(seed)
+    K = left.shape[0]
+    right = torch.randn(K, T, C, generator=gen)
+    c = Outer(left, right, (left.shape[-1] if left.is_floating_point() else 11, C))
+    c.win = ([2, 0, 5, 0][:K], [9, 0, 6, T][:K])  # row 1 empty, row 3 the whole row (T > MIN_STRIP: strips)
+    return c
+
+
+@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize("ids", [False, True])
+def test_windowed_self_norms_are_the_per_row_products_bit_for_bit(cached, ids):
+    """The windowed ghost norm of a contribution with itself: each row's number is exactly (torch.equal) the
+    ghost norm of that row's window as a one-row Outer, formed the plain way (``_self_inner`` of ``row``)."""
+    from oblr.gradnorm import assembly, strips
+
+    T = strips.MIN_STRIP + 20
+    gen = torch.Generator().manual_seed(3)
+    left = torch.randint(0, 11, (4, T), generator=gen) if ids else torch.randn(4, T, 6, generator=gen)
+    c = _windowed_outer(left, T, 5, seed=4)
+    got = assembly.ghost_inner(c, c, strips.GramCache() if cached else None)
+    first, last = c.win
+    want = torch.stack([torch.zeros(()) if last[k] <= first[k] else
+                        assembly._self_inner(c.row(k, first[k], last[k]), None)[0] for k in range(4)])
+    assert torch.equal(got, want)
+    assert got[1] == 0 and bool((got[[0, 2, 3]] > 0).all())
+
+
+def test_row_products_are_the_per_row_addmm_bit_for_bit():
+    """The float32 per-group products of a windowed Outer: exactly (torch.equal) each row's ``[R, n] x [n, C]``
+    product added with its coefficient, formed the plain way; a bf16 Outer (no shortcut) agrees with float32 math."""
+    from oblr.gradnorm.contrib import Grouping, regroup_for_products
+
+    T = 12
+    gen = torch.Generator().manual_seed(6)
+    c = _windowed_outer(torch.randn(4, T, 6, generator=gen), T, 5, seed=7)
+    grp = Grouping.from_groups(torch.tensor([0.5, -1.0, 2.0, 0.25]), torch.tensor([1, 0, 1, 1]))
+    got = regroup_for_products(c, grp).materialize()
+    first, last = c.win
+    want = torch.zeros(2, 6, 5)
+    for k, rows in enumerate(([1], [0, 2, 3])):
+        for i in rows:
+            if last[i] > first[i]:
+                want[k].addmm_(c.left[i, first[i]:last[i]].T, c.right[i, first[i]:last[i]],
+                               alpha=float(grp.coeff[i]))
+    assert torch.equal(got, want)
+    assert not torch.equal(want[1], torch.zeros(6, 5))
+    half = Outer(c.left.bfloat16(), c.right.bfloat16(), c.shape, c.win)
+    ref = regroup_for_products(Outer(half.left.float(), half.right.float(), c.shape, c.win), grp).materialize()
+    assert torch.allclose(regroup_for_products(half, grp).materialize(), ref, rtol=1e-5, atol=1e-5)

@@ -85,8 +85,29 @@ def ghost_inner(a: Outer, b: Outer, cache: GramCache | None = None) -> Tensor:
     return _one_or_cat(out)
 
 
+def _self_inner_windows(a: Outer, cache: GramCache | None) -> Tensor:
+    """``||G_a[k]||^2`` row by row over each row's token window: for each row, :func:`_self_inner` of
+    ``a.row(k, first, last)`` -- the same products of the same views -- with fewer host-side operators (each
+    factor split into its rows once, no per-row Outer, the rows' results concatenated rather than selected and
+    stacked): at a small model's shapes this loop is bound by dispatch, not by its products
+    (``benchmarks/profile_update.py``)."""
+    first, last = a.win if a.win is not None else ([0] * a.K, [a.T] * a.K)
+    lefts = a.left.split(1)
+    rights = a.right.split(1) if cache is None else None
+    out = []
+    for k, (f, n) in enumerate(zip(first, last)):
+        if n <= f:
+            out.append(a.right.new_zeros(1, dtype=torch.float32))
+            continue
+        rs = sym_strips(rights[k][:, f:n]) if cache is None else cache.strips_row(a.right, k, f, n)
+        out.append(strips_dot(sym_strips(lefts[k][:, f:n], a.right.dtype), rs))
+    return torch.cat(out)
+
+
 def _ghost_inner_windows(a: Outer, b: Outer, cache: GramCache | None) -> Tensor:
     """:func:`ghost_inner` row by row over each row's token windows (an Outer without windows: all tokens)."""
+    if a is b:
+        return _self_inner_windows(a, cache)
     K = a.K
     fa, la = a.win if a.win is not None else ([0] * K, [a.T] * K)
     fb, lb = b.win if b.win is not None else ([0] * K, [b.T] * K)
@@ -96,10 +117,6 @@ def _ghost_inner_windows(a: Outer, b: Outer, cache: GramCache | None) -> Tensor:
             out.append(a.right.new_zeros((), dtype=torch.float32))
             continue
         ak = a.row(k, fa[k], la[k])
-        if a is b:
-            rs = None if cache is None else cache.strips_row(a.right, k, fa[k], la[k])
-            out.append(_self_inner(ak, rs)[0])
-            continue
         bk = b.row(k, fb[k], lb[k])
         gr = ak.right[0] @ bk.right[0].T
         out.append(torch.linalg.vecdot(left_gram(ak, bk).reshape(-1), gr.reshape(-1)))
