@@ -54,6 +54,9 @@ from oblr.experiments.compare import aggregate
 from oblr.experiments.stats import config_value, run_config
 from oblr.train.run_dir import flatten
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import doc_sections  # noqa: E402  (the marked sections of docs/results.md)
+
 LRS = {"adamw": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2], "sgd": [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0]}
 METHODS = {  # name -> overrides; the lr is the peak (constant, snr) or the initial guess (auto)
     "grpo-const": {"algorithm.baseline": "grpo", "algorithm.lr_schedule": "constant"},
@@ -265,18 +268,10 @@ def results_section(md: str, image_dir: str) -> str:
 
 
 def splice(doc: Path, section: str) -> None:
-    """Replace the marked section of ``doc`` with ``section``; without markers, insert it before the
-    document's ``## Reading`` heading (or at its end). The rest of ``doc`` is left as it is."""
-    text = doc.read_text(encoding="utf-8")
-    if BEGIN in text and END in text:
-        a, b = text.index(BEGIN), text.index(END) + len(END)
-        text = text[:a] + section + text[b:]
-    elif "\n## Reading\n" in text:
-        i = text.index("\n## Reading\n") + 1
-        text = text[:i] + section + "\n\n" + text[i:]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    doc.write_text(text, encoding="utf-8")
+    """Replace the marked section of ``doc`` with ``section`` (:func:`results_section`'s block, markers
+    included); without markers, insert it before the document's ``## Reading`` heading (or at its end)."""
+    body = section.removeprefix(BEGIN + "\n").removesuffix("\n" + END)
+    doc_sections.splice(doc, BEGIN, END, body)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import doc_sections  # noqa: E402  (the marked sections of docs/results.md)
+
 TASKS = ("arithmetic", "countdown", "word_problems")
 SEEDS = [0, 1, 2]
 #: steps of a paper-regime run (128 x 8 sequences a step): the rollout budget of 800 steps at N = 16
@@ -219,16 +222,7 @@ def nsweep_section(rows: list[dict], runs: Path, image: str) -> str:
 
 def splice(doc: Path, section: str) -> None:
     """Put ``section`` between the markers in ``doc`` (before "## Reading" the first time)."""
-    block = f"{BEGIN}\n{section.rstrip()}\n{END}"
-    text = doc.read_text(encoding="utf-8")
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    elif "\n## Reading\n" in text:
-        i = text.index("\n## Reading\n") + 1
-        text = text[:i] + block + "\n\n" + text[i:]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    doc.write_text(text, encoding="utf-8")
+    doc_sections.splice(doc, BEGIN, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:

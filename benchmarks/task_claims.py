@@ -57,6 +57,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import doc_sections  # noqa: E402
 import lr_sensitivity as lrs  # noqa: E402  (the sweep's names and folder layout)
 
 from oblr.experiments.compare import aggregate  # noqa: E402
@@ -240,16 +241,8 @@ def report(task_roots: dict[str, list[Path]], out: Path) -> str:
 
 
 def splice(doc: Path, md: str, image_dir: str) -> None:
-    section = f"{BEGIN}\n{md.replace('](task_claims.png)', f']({image_dir}/task_claims.png)').rstrip()}\n{END}"
-    text = doc.read_text(encoding="utf-8")
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    elif "\n## Reading\n" in text:
-        i = text.index("\n## Reading\n") + 1
-        text = text[:i] + section + "\n\n" + text[i:]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    doc.write_text(text, encoding="utf-8")
+    """The report ``md`` as the marked section of ``doc``, its plot's path taken relative to ``doc``."""
+    doc_sections.splice(doc, BEGIN, END, md.replace("](task_claims.png)", f"]({image_dir}/task_claims.png)"))
 
 
 def parse_task(value: str) -> tuple[str, list[Path]]:
