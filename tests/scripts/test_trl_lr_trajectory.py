@@ -48,9 +48,19 @@ def _stats(signal, V, n=16):
     return snr_statistics(torch.tensor(total, dtype=torch.float64), torch.tensor(gbar_sq, dtype=torch.float64), n)
 
 
-def test_recording_schedule_forces_the_first_lrs_then_follows_the_rule():
+@pytest.fixture
+def recording_schedule():
+    """The benchmark's recording schedule, registered for one test and removed after it (the registry is global:
+    left in, it would show in every later test's list of schedules)."""
+    from oblr.schedules import SCHEDULES
+
     tlt._register_recording_schedule()
     tlt._register_recording_schedule()  # idempotent
+    yield
+    SCHEDULES.unregister("snr_recorded")
+
+
+def test_recording_schedule_forces_the_first_lrs_then_follows_the_rule(recording_schedule):
     seq = _noisy_sequence(12, seed=1)
     forced = [2e-4, 0.0, 1.5e-4]
     tlt.RECORD.clear()
