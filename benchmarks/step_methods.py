@@ -57,13 +57,12 @@ from oblr.logprobs import (
     token_logprobs,
 )
 from oblr.losses import policy_loss, sequence_scale
+from oblr.memory_model import LORA_TARGETS  # a real-model case's LoRA targets: the default model.lora_targets
 from oblr.update import UpdateSettings, accumulate_policy_gradient
 
 AGGREGATION = "seq_sum_const"
 #: positions per output-layer chunk of the ``*_chunk`` methods (``model.logit_chunk_tokens``)
 LOGIT_CHUNK = 128
-#: LoRA targets of a real-model case: the trainer's default ``model.lora_targets``
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass(frozen=True)

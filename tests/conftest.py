@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random Hugging Face models (Qwen3 with tied embeddings, Llama untied)."""
+"""Shared fixtures: tiny random Hugging Face models (Qwen3 with tied embeddings, Llama untied), the built-in
+model, one torch thread."""
 
 from __future__ import annotations
 
@@ -62,3 +63,12 @@ def small_builtin(tmp_path_factory):
 
     return build_builtin_model(tmp_path_factory.mktemp("builtin") / "model", sft_steps=40, n_measure=8,
                                progress=None)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test, as the benchmarks run (steadier on a loaded machine); restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -18,7 +18,11 @@ def trainable_params(model) -> list:
 
 def grad_sq_norm(model):
     """``sum_p ||p.grad||^2`` over the trainable parameters (float32, 0-d; no host sync)."""
-    params = trainable_params(model)
+    return params_grad_sq_norm(trainable_params(model))
+
+
+def params_grad_sq_norm(params: list):
+    """:func:`grad_sq_norm` of a parameter list (those without ``.grad`` skipped; float32, 0-d)."""
     return sq_norm_sum([p.grad for p in params if p.grad is not None], device=params[0].device if params else None)
 
 

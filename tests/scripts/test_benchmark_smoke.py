@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -20,13 +19,7 @@ TINY = {"hidden": 32, "layers": 1, "vocab": 96, "prompt_len": 4, "response_len":
 ALL = [m.name for m in methods()]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One thread, as the benchmark runs (steadier on a loaded machine); restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _has_opacus() -> bool:

@@ -18,14 +18,6 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH / "gpu"))
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_dry_run_checks_exactness_and_writes_every_memory_row(one_thread, tmp_path):
     import memory_check
 

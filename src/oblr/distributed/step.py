@@ -17,7 +17,7 @@ Every rank holds its block of whole prompt groups (:mod:`oblr.distributed.layout
    the gathered [N, G] estimate (as one process computes them), the others by one all-reduce.
 
 In a single process every collective is the identity: step 2 on the whole batch, then step 4's
-:func:`step_statistics` with ``||gbar||^2`` summed in float32 (:func:`oblr.params.sq_norm_sum`, as the
+:func:`step_statistics` with ``||gbar||^2`` summed in float32 (:func:`oblr.params.params_grad_sq_norm`, as the
 one-process step always has; ranks sum in float64). :func:`step_statistics` is also what the TRL and verl
 adapters call on their reduced ``.grad``.
 """
@@ -31,7 +31,7 @@ import torch
 
 from oblr.estimators import Estimate
 from oblr.losses import BatchTotals
-from oblr.params import sq_norm_sum, trainable_params
+from oblr.params import params_grad_sq_norm, trainable_params
 from oblr.snr import SNRStats, snr_statistics
 from oblr.update import UpdateResult, UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
 
@@ -52,10 +52,7 @@ def step_statistics(params, per_prompt_sq_norms: torch.Tensor | None, n_prompts:
     norm is summed here once; nothing else re-sums it for the same step.
     """
     params = list(params)
-    if float64:
-        gsq = grad_sq_norm(params)
-    else:
-        gsq = sq_norm_sum([p.grad for p in params if p.grad is not None], device=params[0].device if params else None)
+    gsq = grad_sq_norm(params) if float64 else params_grad_sq_norm(params)
     if per_prompt_sq_norms is None:
         return gsq, None
     sq = per_prompt_sq_norms.double() if float64 else per_prompt_sq_norms

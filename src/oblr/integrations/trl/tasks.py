@@ -42,8 +42,8 @@ def heldout_accuracy(model, tokenizer, task: Task, *, n_problems: int = 100, sam
                      temperature: float = 1.0, max_new_tokens: int = 32, seed: int = 12345,
                      batch_size: int | None = 256) -> float:
     """Share of correct sampled answers over the first ``n_problems`` held-out problems x ``samples``."""
-    from oblr.rollout.hf import HFEngine
     from oblr.rollout.heldout import heldout_eval
+    from oblr.rollout.hf import HFEngine
 
     examples = task.eval[:n_problems]
     if not examples:
