@@ -8,8 +8,7 @@
 #   2. `oblr compare --jobs $JOBS model.device=cuda train.threads=1`: several tiny-model runs share the GPU
 #      (each process generates its 1024 sequences a step in one batch); finished runs are reused when the
 #      command is run again with the same $OUT, so a second lease continues the first's grid;
-#   3. the report (benchmarks/paper_regime.py nsweep is for the N sweep; the grid's tables come from
-#      `oblr report` over $OUT, written to $OUT/report).
+#   3. the report: benchmarks/paper_regime_report.py writes the tables, verdicts and plot to $OUT/report
 # The built-in models ship with the package (src/oblr/models/weights): nothing is built or downloaded.
 # Every run's summary.json is written when it ends, so a time-out keeps the finished runs.
 # Usage (repository root, a CUDA machine with torch and transformers):
@@ -43,3 +42,6 @@ for opt in $OPTS; do
   say "rc ${PIPESTATUS[0]}"
 done
 say "finished runs: $(find "$OUT" -name summary.json | wc -l)"
+# the grid's tables, verdicts and accuracy-against-rate plot (finished runs; unfinished ones listed as such)
+runs=$(for opt in $OPTS; do [ -d "$OUT/$TASK-$opt" ] && echo "$OUT/$TASK-$opt"; done)
+[ -n "$runs" ] && $PY benchmarks/paper_regime_report.py --runs $runs --out "$OUT/report" 2>&1 | tail -n 40 | tee -a "$OUT/log.txt"
