@@ -16,6 +16,7 @@ per-row sum ``[B, *shape]`` instead (:func:`add_to_row_sum`). Parameters keep ``
 
 from __future__ import annotations
 
+import weakref
 from abc import abstractmethod
 from contextlib import contextmanager
 
@@ -75,6 +76,7 @@ class TapBook(Book):
         self._summed_entries: set[int] = set()
         self._calls: dict[int, int] = {}
         self._forwarding = False
+        self._inputs: dict[int, tuple] = {}  # id(x): (weak reference to x, x.detach()), while x lives: _detached
         super().__init__(model, method=method, allow_loop_fallback=False, grad_sink=grad_sink)
 
     # the hooked modules of the last plan: which of them ran more than once decides the summed entries
@@ -114,9 +116,27 @@ class TapBook(Book):
             elif not torch.is_grad_enabled():
                 return None  # a no-grad forward between record() and the gradient pass: not part of the graph
             x = layer_input(h, module, args, kwargs, output)
-            return _Tap.apply(output, x.detach(), self._dummy, self, h)
+            return _Tap.apply(output, self._detached(x), self._dummy, self, h)
 
         return hook
+
+    def _detached(self, x: torch.Tensor) -> torch.Tensor:
+        """``x.detach()``, the same one for every hooked module that takes the tensor ``x`` (q/k/v and gate/up
+        share their input): one dispatched operator, not one per module. Each detached view is held only as long
+        as ``x`` itself lives (a weak reference to ``x`` drops it), so it keeps no memory alive."""
+        key = id(x)
+        hit = self._inputs.get(key)
+        if hit is not None and hit[0]() is x:
+            return hit[1]
+        xd = x.detach()
+        inputs = self._inputs
+
+        def drop(ref):
+            if inputs.get(key, (None,))[0] is ref:
+                del inputs[key]
+
+        inputs[key] = (weakref.ref(x, drop), xd)
+        return xd
 
     def _remove_hooks(self) -> None:
         for hd in self._handles:
@@ -137,7 +157,8 @@ class TapBook(Book):
         """A Tap's ``(x, g)`` in the engine's pass: the layer's contributions, each summed or kept (:meth:`_keep`)."""
         B = self._B
         check_rows(h.path, x.shape[0], g.shape[0], B)
-        for lname, c in h.rule.fn(h.module, x, g.detach(), h.names).items():
+        g = g.detach() if g.requires_grad else g  # in a backward without create_graph it needs none
+        for lname, c in h.rule.fn(h.module, x, g, h.names).items():
             e = h.params[lname]
             if id(e) in self._summed_entries:  # a module called several times (a chunked output layer)
                 add_to_row_sum(e, c, B, g.device)
@@ -154,6 +175,7 @@ class TapBook(Book):
         self._dummy = None
         self._grp = None
         self._calls = {}
+        self._inputs = {}
         super().clear()
 
 

@@ -16,8 +16,10 @@ from .base import register_rule
 @register_rule(nn.Linear, params=("weight", "bias"))
 def linear_rule(module: nn.Linear, x, g, names):
     B = g.shape[0]
-    x = x.reshape(B, -1, x.shape[-1])
-    g = g.reshape(B, -1, g.shape[-1])
+    if x.dim() != 3:  # already [B, T, d]: no reshape dispatched (one host-side operator per factor and call)
+        x = x.reshape(B, -1, x.shape[-1])
+    if g.dim() != 3:
+        g = g.reshape(B, -1, g.shape[-1])
     out = {}
     if "weight" in names:
         out["weight"] = Outer(g, x, module.weight.shape)

@@ -26,7 +26,10 @@ def _rms_hat(x: torch.Tensor, nd: int, eps: float) -> torch.Tensor:
 
 def _reduce(g: torch.Tensor, v: torch.Tensor, shape) -> torch.Tensor:
     """sum over every dim but batch and the trailing ``shape`` dims: [B, *shape] float32."""
-    return (f32(g) * v).reshape(g.shape[0], -1, *shape).sum(1)
+    p = f32(g) * v
+    if p.dim() != 2 + len(shape):  # one dim between batch and ``shape`` already: no reshape dispatched
+        p = p.reshape(g.shape[0], -1, *shape)
+    return p.sum(1)
 
 
 @register_rule(nn.RMSNorm, params=("weight",))
