@@ -30,6 +30,12 @@ Tensor = torch.Tensor
 SLAB_ELEMS = 1 << 22
 
 
+def slab_budget() -> int:
+    """:data:`SLAB_ELEMS` as it is at the call (a module that imports this function sees a later change to it; the
+    two-pass engine's waiting per-row gradients, :class:`oblr.gradnorm.gram.PendingRows`, keep to it too)."""
+    return SLAB_ELEMS
+
+
 @dataclass(eq=False)  # one slab is one stack: compared by identity
 class Slab:
     """Stacked per-row gradients ``z`` [L, K, *shape] float32 of ``entries`` (engine order); entry ``j``'s one

@@ -10,8 +10,11 @@ same interface and keeps only per-group Gram matrices:
 2. ``backward(seq_obj, group_ids=...)`` -- the *norm pass* -- runs ``autograd.grad(seq_obj.sum(), [dummy],
    retain_graph=True)``: it walks every Tap and computes activation gradients only (no weight gradient is
    on the path to ``dummy``). Each Tap's backward turns ``(x, g)`` into the layer's contributions with its
-   rule and reduces them at once into per-group Grams ``M_k[a, b] = <s_{i_a}, s_{i_b}>``
-   (:func:`oblr.gradnorm.gram.group_gram`); nothing of the layer is kept. A parameter with several owners
+   rule and reduces them into per-group Grams ``M_k[a, b] = <s_{i_a}, s_{i_b}>``
+   (:func:`oblr.gradnorm.gram.group_gram`): at once, or, where that Gram is the one of the per-row gradients
+   (a norm weight's ``[B, d]``, a materialised linear), those per-row gradients wait, up to
+   ``slabs.SLAB_ELEMS`` elements in all, and one Gram of their concatenation reduces many layers' together
+   (:class:`oblr.gradnorm.gram.PendingRows`: fewer operators dispatched); nothing else of the layer is kept. A parameter with several owners
    or calls (a tied embedding) keeps its contributions until the pass ends, for the cross terms; one whose
    module runs several times (the output layer applied in chunks, :func:`oblr.logprobs.chunked_response_logprobs`)
    adds every contribution into one per-row sum ``[B, *shape]`` instead (memory independent of the length).
@@ -33,7 +36,7 @@ from torch import nn
 
 from .book import Entry
 from .contrib import Grouping
-from .gram import group_gram, mask_padding
+from .gram import PendingRows, group_gram, mask_padding, row_gradients
 from .taps import TapBook, fsdp_sharded, refuse_loop
 
 
@@ -61,6 +64,7 @@ class TwoPassBookKeeper(TapBook):
         self._gram: torch.Tensor | None = None
         self._obj: torch.Tensor | None = None
         self._kept_entries: set[int] = set()
+        self._pending: PendingRows | None = None
         super().__init__(model, method=method)
 
     # ------------------------------------------------------------------ norm pass
@@ -93,15 +97,17 @@ class TwoPassBookKeeper(TapBook):
             e.contribs = []
         self._B = B
         grp = self._grp
+        self._pending = PendingRows(grp, self._gram)
         try:
             torch.autograd.grad(seq_obj.sum(), [self._dummy], retain_graph=True, allow_unused=True)
+            self._pending.flush()
             for e in self._entries:  # parameters with several owners or calls: their cross terms, now
                 if e.contribs:
                     self._gram += group_gram(e.contribs, grp, self.method, mask=False)
                     e.contribs = []
             self._gram = mask_padding(self._gram, grp)  # once for the sum, not per layer
         finally:
-            self._grp = None
+            self._grp = self._pending = None
         self._grp_done = grp
         self._obj = seq_obj
         self._batch = B
@@ -109,11 +115,16 @@ class TwoPassBookKeeper(TapBook):
 
     def _keep(self, e: Entry, c) -> None:
         """A parameter with several owners or calls keeps ``c`` for its cross terms; any other is reduced into the
-        Grams at once."""
+        Grams at once, or, when its Gram is that of its per-row gradients, those wait to be reduced together with
+        others' (:class:`oblr.gradnorm.gram.PendingRows`: at most ``slabs.SLAB_ELEMS`` elements)."""
         if id(e) in self._kept_entries:
             e.contribs.append(c)
-        else:
+            return
+        z = row_gradients(c, self._grp, self.method)
+        if z is None:
             self._gram += group_gram([c], self._grp, self.method, mask=False)
+        else:
+            self._pending.add(z)
 
     # ------------------------------------------------------------------ queries
     def sq_norms(self) -> torch.Tensor:

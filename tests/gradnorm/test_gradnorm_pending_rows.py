@@ -1,0 +1,152 @@
+"""Per-row gradients reduced into the two-pass Grams together (oblr.gradnorm.gram.row_gradients, PendingRows): the
+Gram of a concatenation equals the sum of each piece's ``group_gram``, recomputed here from per-row gradients
+formed by hand; what waits stays within ``slabs.SLAB_ELEMS``; the ghost path and token ids are left to
+``group_gram``; a two-pass norm pass reduces every layer's linears and norm weights with one Gram."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oblr.gradnorm import gram, slabs
+from oblr.gradnorm.contrib import Dense, Grouping, Outer
+from oblr.gradnorm.gram import PendingRows, group_gram, row_gradients
+
+B = 6
+GROUPINGS = {
+    "contiguous": lambda: Grouping.from_groups(torch.ones(B), torch.arange(B) // 2),
+    "interleaved": lambda: Grouping.from_groups(torch.ones(B), torch.tensor([2, 0, 2, 1, 0, 5])),
+}
+
+
+def _pieces(gen):
+    """Two linears' factors and a norm weight's per-row gradients, of three widths."""
+    outers = [Outer(torch.randn(B, 5, r, generator=gen, dtype=torch.float64).float(),
+                    torch.randn(B, 5, c, generator=gen, dtype=torch.float64).float(), (r, c)) for r, c in ((3, 4), (2, 7))]
+    return outers + [Dense(torch.randn(B, 9, generator=gen))]
+
+
+def _by_hand(c) -> torch.Tensor:
+    """[B, n] float64 per-row gradients: row i's ``sum_t left[i, t] right[i, t]^T`` by a loop, or a Dense's rows."""
+    if isinstance(c, Dense):
+        return c.z.double()
+    return torch.stack([sum(torch.outer(c.left[i, t].double(), c.right[i, t].double()) for t in range(c.T)).flatten()
+                        for i in range(B)])
+
+
+def _gram_by_hand(zs, grp) -> torch.Tensor:
+    """[K, M, M] float64: <sum over pieces> of the rows' inner products within each group (padding slots zero)."""
+    K, M = grp.index.shape
+    out = torch.zeros(K, M, M, dtype=torch.float64)
+    for k in range(K):
+        for a in range(M):
+            for b in range(M):
+                if grp.scale[k, a] != 0 and grp.scale[k, b] != 0:
+                    i, j = int(grp.index[k, a]), int(grp.index[k, b])
+                    out[k, a, b] = sum(float(z[i] @ z[j]) for z in zs)
+    return out
+
+
+@pytest.mark.parametrize("grouping", list(GROUPINGS))
+def test_one_gram_of_the_concatenation_is_the_sum_of_each_pieces(grouping):
+    grp = GROUPINGS[grouping]()
+    pieces = _pieces(torch.Generator().manual_seed(0))
+    K, M = grp.index.shape
+    acc = torch.zeros(K, M, M)
+    pending = PendingRows(grp, acc)
+    for c in pieces:
+        z = row_gradients(c, grp, "materialize")
+        assert z.shape == (B, c.R * c.C if isinstance(c, Outer) else 9) and z.dtype == torch.float32
+        pending.add(z)
+    assert len(pending.rows) == 3 and not acc.any()  # nothing reduced before the flush
+    pending.flush()
+    assert not pending.rows and pending.elems == 0
+    acc = gram.mask_padding(acc, grp)
+    ref = _gram_by_hand([_by_hand(c) for c in pieces], grp)
+    assert torch.allclose(acc.double(), ref, rtol=1e-5, atol=1e-5)
+    one_by_one = sum(group_gram([c], grp, "materialize") for c in pieces)  # the engine's earlier way
+    assert torch.allclose(acc, one_by_one, rtol=1e-5, atol=1e-5)
+
+
+def test_ghost_and_token_ids_are_left_to_group_gram():
+    grp = GROUPINGS["contiguous"]()
+    lin, _, norm = _pieces(torch.Generator().manual_seed(1))
+    assert row_gradients(lin, grp, "ghost") is None
+    assert row_gradients(Outer(torch.randint(0, 4, (B, 5)), torch.randn(B, 5, 3), (4, 3)), grp, "auto") is None
+    assert row_gradients(norm, grp, "ghost") is not None  # a Dense is its rows whatever the method
+    assert torch.equal(row_gradients(norm, grp), norm.z)
+
+
+def test_what_waits_stays_within_the_slab_budget(monkeypatch):
+    """With a budget of 100 elements (pieces of 6 x 12, 6 x 14, 6 x 9 = 72, 84, 54 elements): a piece that would pass
+    it reduces what waits first, one at least that large is reduced alone; every piece is reduced once."""
+    monkeypatch.setattr(slabs, "SLAB_ELEMS", 100)
+    grp = GROUPINGS["interleaved"]()
+    pieces = _pieces(torch.Generator().manual_seed(2))
+    grams = []
+    real = gram.rows_gram
+    monkeypatch.setattr(gram, "rows_gram", lambda z, split=None: grams.append(z.shape[2]) or real(z, split))
+    K, M = grp.index.shape
+    acc = torch.zeros(K, M, M)
+    pending = PendingRows(grp, acc)
+    zs = [row_gradients(c, grp, "materialize") for c in pieces]
+    for z in zs:
+        pending.add(z)
+        assert pending.elems <= slabs.SLAB_ELEMS
+    pending.flush()
+    assert grams == [12, 14, 9]  # 72 + 84 > 100: one Gram each
+    ref = _gram_by_hand([_by_hand(c) for c in pieces], grp)
+    assert torch.allclose(gram.mask_padding(acc, grp).double(), ref, rtol=1e-5, atol=1e-5)
+    grams.clear()
+    monkeypatch.setattr(slabs, "SLAB_ELEMS", 60)
+    pending.add(zs[0])  # 72 >= 60: reduced at once, alone
+    assert grams == [12] and not pending.rows
+    pending.add(zs[2])  # 54 waits
+    assert grams == [12] and pending.elems == 54
+
+
+def test_a_norm_pass_reduces_the_layers_with_one_gram(monkeypatch):
+    """A two-pass norm pass on tiny Qwen3 (tied, checkpointed; "materialize"): every layer's linears and norm
+    weights wait and are reduced by one Gram; the tied embedding, kept for its cross terms, by one more. The
+    norms it gives are the loop's (tests/gradnorm/test_gradnorm_twopass.py checks every method and grouping)."""
+    from conftest import tiny_qwen3
+    from gradnorm_helpers import checkpointed, make_batch, rel_err
+
+    from oblr.gradnorm import TwoPassBookKeeper, loop_sequence_sq_norms
+    from oblr.logprobs import sequence_logprobs, token_logprobs
+
+    model = checkpointed(tiny_qwen3(seed=3))
+    ids, am, rm = make_batch(model.config.vocab_size, [3, 4, 2, 5], [5, 2, 6, 4], seed=2)
+    widths = []
+    real = gram.rows_gram
+    monkeypatch.setattr(gram, "rows_gram", lambda z, split=None: widths.append(z.shape[2]) or real(z, split))
+    book = TwoPassBookKeeper(model, method="materialize")
+    with book.record():
+        seq = sequence_logprobs(token_logprobs(model, ids, am), rm)
+        book.backward(seq)
+    w = book.sq_norms()
+    book.clear()
+    emb = model.get_input_embeddings().weight
+    layers = sum(p.numel() for n, p in model.named_parameters() if p is not emb)
+    assert sorted(widths) == sorted([layers, emb.numel()])  # one Gram of every layer's parameters, one of the table
+    assert rel_err(w, loop_sequence_sq_norms(model, ids, am, rm)) < 1e-5
+
+
+def test_a_shared_input_is_detached_once_and_not_kept():
+    """The Tap hooks detach a tensor that several modules take (q/k/v, gate/up) once; the detached view is dropped
+    with the tensor itself, so the hooks keep no activation alive."""
+    import gc
+
+    from conftest import tiny_qwen3
+
+    from oblr.gradnorm import TwoPassBookKeeper
+
+    book = TwoPassBookKeeper(tiny_qwen3(seed=3))
+    x = torch.randn(2, 3, requires_grad=True) * 2
+    d = book._detached(x)
+    assert d is book._detached(x) and not d.requires_grad and d.data_ptr() == x.data_ptr()
+    y = x + 1
+    assert book._detached(y) is not d and len(book._inputs) == 2
+    del x, d
+    gc.collect()
+    assert len(book._inputs) == 1  # y's only
