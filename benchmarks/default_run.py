@@ -61,12 +61,13 @@ def run_one(seed: int, out_dir: Path, log) -> dict:
 
 
 def keep(run: Path, dst: Path) -> None:
-    """Copy a run's ``config.yaml`` and ``summary.json`` to ``dst``, their paths rewritten from the temporary
-    run folder to ``dst`` (relative to the repository when inside it), so no machine's path is kept."""
+    """Copy a run's ``config.yaml``, ``summary.json`` and ``code.json`` (the code and the start model's
+    fingerprint) to ``dst``, their paths rewritten from the temporary run folder to ``dst`` (relative to the
+    repository when inside it), so no machine's path is kept."""
     dst.mkdir(parents=True, exist_ok=True)
     where = dst.resolve()
     where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
-    for name in ("config.yaml", "summary.json"):
+    for name in ("config.yaml", "summary.json", "code.json"):
         text = (run / name).read_text(encoding="utf-8")
         (dst / name).write_text(text.replace(str(run), str(where)), encoding="utf-8")
 

@@ -59,20 +59,32 @@ def shipped_fingerprints() -> dict[str, str]:
     return {model_fingerprint(shipped.verified_dir(d)): d for d in shipped.manifest()}
 
 
-def start_models(folders, shipped: dict[str, str]) -> list[tuple[str, int, str]]:
+def shipped_weights() -> dict[str, str]:
+    """``{weights sha256: shipped folder name}`` from the shipped manifest (what ``claim.json`` of
+    ``benchmarks/default_run.py`` records as ``model_weights_sha256``)."""
+    from oblr.models import shipped
+    return {e["weights_sha256"]: d for d, e in shipped.manifest().items()}
+
+
+def start_models(folders, shipped: dict[str, str], weights: dict[str, str] | None = None) -> list[tuple[str, int, str]]:
     """Per folder, the start models its runs recorded: ``(folder, runs, what)`` rows, ``what`` one of
-    ``<name> = shipped <dir>``, ``<name> = other weights`` or ``not recorded`` (runs made before run folders
-    recorded the start model's fingerprint, or without a ``code.json``)."""
+    ``<name> = shipped <dir>`` (the run's ``code.json`` fingerprint is a shipped model's), ``shipped <dir>
+    (claim.json)`` (no fingerprint in the run, but the folder's ``claim.json`` names a shipped model's weights
+    sha256), ``<name> = other weights`` or ``not recorded`` (runs made before run folders recorded their start
+    model, or without a ``code.json``)."""
     rows = []
     for folder in folders:
+        claim = Path(folder) / "claim.json"
+        claimed = json.loads(claim.read_text()).get("model_weights_sha256") if claim.is_file() else None
         seen: dict[str, int] = {}
         for summary in sorted(Path(folder).rglob("summary.json")):
             code = summary.parent / "code.json"
             sm = (json.loads(code.read_text()).get("start_model") or {}) if code.is_file() else {}
             fp = sm.get("fingerprint")
-            what = ("not recorded" if not fp else
-                    f"{sm.get('name_or_path')} = shipped {shipped[fp]}" if fp in shipped else
-                    f"{sm.get('name_or_path')} = other weights")
+            what = (f"{sm.get('name_or_path')} = shipped {shipped[fp]}" if fp in shipped else
+                    f"{sm.get('name_or_path')} = other weights" if fp else
+                    f"shipped {weights[claimed]} (the folder's claim.json: weights sha256)"
+                    if weights and claimed in weights else "not recorded")
             seen[what] = seen.get(what, 0) + 1
         rows += [(str(folder), n, what) for what, n in sorted(seen.items())]
     return rows
@@ -93,7 +105,7 @@ def provenance_section(grid_dir: Path, kept: list[str], shipped: dict[str, str])
              "`start_model`); the built-in models ship as bytes (`oblr models list`: sha256 and start accuracy). "
              "Per folder behind a table below:", "",
              "| run folder | runs | start model |", "|---|---|---|"]
-    lines += [f"| `{f}` | {n} | {what} |" for f, n, what in start_models(folders, shipped)]
+    lines += [f"| `{f}` | {n} | {what} |" for f, n, what in start_models(folders, shipped, shipped_weights())]
     lines += ["", "Shipped weights: " + "; ".join(
         f"`{e['name']}` ({d}, weights sha256 `{e['weights_sha256'][:12]}`)"
         for d, e in shipped_models.manifest().items()) + ".", ""]

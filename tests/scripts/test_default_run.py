@@ -32,3 +32,15 @@ def test_claim_and_verdicts_by_hand():
     table = dr.claim_table(claim)
     assert "| 1 | 18.0% | 38.0% | 50.0% | 55.0% | 100 |" in table and "38.0% ± 2.0%" in table
     assert dr.command(3, Path("/x"))[-5:] == ["train", "train.threads=1", "train.seed=3", "--output-dir", "/x"]
+
+
+def test_keep_copies_the_record_with_the_start_model_and_no_machine_path(tmp_path):
+    run = tmp_path / "tmpXYZ" / "seed0"
+    run.mkdir(parents=True)
+    for name in ("config.yaml", "summary.json", "code.json"):
+        (run / name).write_text(f'{{"file": "{name}", "run_dir": "{run}/x"}}')
+    dst = tmp_path / "kept" / "seed0"
+    dr.keep(run, dst)
+    for name in ("config.yaml", "summary.json", "code.json"):
+        text = (dst / name).read_text()
+        assert name in text and str(run) not in text and f"{dst.resolve()}/x" in text

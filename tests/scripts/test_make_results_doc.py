@@ -30,6 +30,17 @@ def test_start_models_sorts_runs_by_recorded_fingerprint(tmp_path):
         (1, "builtin = other weights"), (1, "not recorded"), (2, "builtin = shipped tiny-arith-v1")]
 
 
+def test_a_claim_names_the_weights_of_runs_without_a_fingerprint(tmp_path):
+    _run(tmp_path / "d" / "seed0", None)
+    _run(tmp_path / "d" / "seed1", None)
+    (tmp_path / "d" / "claim.json").write_text(json.dumps({"model_weights_sha256": "w-arith"}))
+    _run(tmp_path / "e" / "seed0", None)
+    (tmp_path / "e" / "claim.json").write_text(json.dumps({"model_weights_sha256": "w-unknown"}))
+    rows = mrd.start_models([tmp_path / "d", tmp_path / "e"], {}, {"w-arith": "tiny-arith-v1"})
+    assert [(n, what) for _, n, what in rows] == [
+        (2, "shipped tiny-arith-v1 (the folder's claim.json: weights sha256)"), (1, "not recorded")]
+
+
 def test_shipped_fingerprints_are_the_ones_a_run_records():
     from oblr.models import shipped
     from oblr.provenance import model_fingerprint
