@@ -1,9 +1,13 @@
 """Per-row gradients reduced into the two-pass Grams together (oblr.gradnorm.gram.row_gradients, PendingRows): the
-Gram of a concatenation equals the sum of each piece's ``group_gram``, recomputed here from per-row gradients
+Grams of stacked same-shaped pieces sum to each piece's ``group_gram``, recomputed here from per-row gradients
 formed by hand; what waits stays within ``slabs.SLAB_ELEMS``; the ghost path and token ids are left to
-``group_gram``; a two-pass norm pass reduces every layer's linears and norm weights with one Gram."""
+``group_gram``; a two-pass norm pass reduces the linears and norm weights of every layer with one batched Gram
+per shape; the Tap hooks detach a shared input once."""
 
 from __future__ import annotations
+
+import collections
+import math
 
 import pytest
 import torch
@@ -19,10 +23,9 @@ GROUPINGS = {
 }
 
 
-def _pieces(gen):
-    """Two linears' factors and a norm weight's per-row gradients, of three widths."""
-    outers = [Outer(torch.randn(B, 5, r, generator=gen, dtype=torch.float64).float(),
-                    torch.randn(B, 5, c, generator=gen, dtype=torch.float64).float(), (r, c)) for r, c in ((3, 4), (2, 7))]
+def _pieces(gen, shapes=((3, 4), (2, 7))):
+    """Linears' factors (one per shape in ``shapes``) and a norm weight's per-row gradients."""
+    outers = [Outer(torch.randn(B, 5, r, generator=gen), torch.randn(B, 5, c, generator=gen), (r, c)) for r, c in shapes]
     return outers + [Dense(torch.randn(B, 9, generator=gen))]
 
 
@@ -48,18 +51,23 @@ def _gram_by_hand(zs, grp) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("grouping", list(GROUPINGS))
-def test_one_gram_of_the_concatenation_is_the_sum_of_each_pieces(grouping):
+def test_stacked_grams_are_the_sum_of_each_pieces(grouping, monkeypatch):
+    """Three linears of two shapes and a norm weight: one batched Gram per shape (the two (3, 4) linears stacked)."""
     grp = GROUPINGS[grouping]()
-    pieces = _pieces(torch.Generator().manual_seed(0))
+    pieces = _pieces(torch.Generator().manual_seed(0), shapes=((3, 4), (2, 7), (3, 4)))
     K, M = grp.index.shape
+    calls = []
+    real = gram.rows_gram
+    monkeypatch.setattr(gram, "rows_gram", lambda z, split=None: calls.append(tuple(z.shape)) or real(z, split))
     acc = torch.zeros(K, M, M)
     pending = PendingRows(grp, acc)
     for c in pieces:
         z = row_gradients(c, grp, "materialize")
-        assert z.shape == (B, c.R * c.C if isinstance(c, Outer) else 9) and z.dtype == torch.float32
+        assert z.shape == (B, *c.shape) and z.dtype == torch.float32
         pending.add(z)
-    assert len(pending.rows) == 3 and not acc.any()  # nothing reduced before the flush
+    assert len(pending.rows) == 3 and not acc.any() and not calls  # nothing reduced before the flush
     pending.flush()
+    assert sorted(calls) == sorted([(2 * K, M, 12), (K, M, 14), (K, M, 9)])
     assert not pending.rows and pending.elems == 0
     acc = gram.mask_padding(acc, grp)
     ref = _gram_by_hand([_by_hand(c) for c in pieces], grp)
@@ -106,9 +114,10 @@ def test_what_waits_stays_within_the_slab_budget(monkeypatch):
 
 
 def test_a_norm_pass_reduces_the_layers_with_one_gram(monkeypatch):
-    """A two-pass norm pass on tiny Qwen3 (tied, checkpointed; "materialize"): every layer's linears and norm
-    weights wait and are reduced by one Gram; the tied embedding, kept for its cross terms, by one more. The
-    norms it gives are the loop's (tests/gradnorm/test_gradnorm_twopass.py checks every method and grouping)."""
+    """A two-pass norm pass on tiny Qwen3 (tied, checkpointed; "materialize"): the linears and norm weights of every
+    layer wait and are reduced by one batched Gram per shape ([L B, 1, n]: each row alone); the tied embedding,
+    kept for its cross terms, by one more. The norms it gives are the loop's (tests/gradnorm/test_gradnorm_twopass.py
+    checks every method and grouping)."""
     from conftest import tiny_qwen3
     from gradnorm_helpers import checkpointed, make_batch, rel_err
 
@@ -119,7 +128,8 @@ def test_a_norm_pass_reduces_the_layers_with_one_gram(monkeypatch):
     ids, am, rm = make_batch(model.config.vocab_size, [3, 4, 2, 5], [5, 2, 6, 4], seed=2)
     widths = []
     real = gram.rows_gram
-    monkeypatch.setattr(gram, "rows_gram", lambda z, split=None: widths.append(z.shape[2]) or real(z, split))
+    monkeypatch.setattr(gram, "rows_gram", lambda z, split=None: widths.append((z.shape[0], z.shape[2]))
+                        or real(z, split))
     book = TwoPassBookKeeper(model, method="materialize")
     with book.record():
         seq = sequence_logprobs(token_logprobs(model, ids, am), rm)
@@ -127,8 +137,10 @@ def test_a_norm_pass_reduces_the_layers_with_one_gram(monkeypatch):
     w = book.sq_norms()
     book.clear()
     emb = model.get_input_embeddings().weight
-    layers = sum(p.numel() for n, p in model.named_parameters() if p is not emb)
-    assert sorted(widths) == sorted([layers, emb.numel()])  # one Gram of every layer's parameters, one of the table
+    shapes = collections.Counter(tuple(p.shape) for p in model.parameters() if p is not emb)
+    B = ids.shape[0]
+    assert sorted(widths) == sorted([(L * B, math.prod(s)) for s, L in shapes.items()] + [(B, emb.numel())])
+    assert max(shapes.values()) > 1  # the layers' parameters are stacked
     assert rel_err(w, loop_sequence_sq_norms(model, ids, am, rm)) < 1e-5
 
 

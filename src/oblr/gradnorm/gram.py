@@ -14,9 +14,9 @@ parameter the cross block ``X_ab[k, p, q] = <G_a[index[k, p]], G_b[index[k, q]]>
 
 chosen per parameter like :func:`oblr.gradnorm.assembly.use_ghost` (``method`` "auto" | "ghost" |
 "materialize"). Per-row gradients that are small (a norm weight's ``[B, d]``, a narrow linear's materialised
-``[B, R C]``) need not be reduced one parameter at a time: :class:`PendingRows` concatenates them along the
-feature axis, up to ``slabs.SLAB_ELEMS`` elements, and takes one Gram of the concatenation (the sum of their
-Grams: a launch-bound GPU step pays per dispatched operator, ``benchmarks/op_count.py``). All arithmetic is
+``[B, R, C]``) need not be reduced one parameter at a time: :class:`PendingRows` stacks those of one shape, up to
+``slabs.SLAB_ELEMS`` elements in all, and forms their Grams with one batched product (a launch-bound GPU step
+pays per dispatched operator, ``benchmarks/op_count.py``). All arithmetic is
 float32 (products of a half-precision model's factors as TF32 on CUDA, exact for those values:
 :func:`oblr.gradnorm.precision.tf32_products`).
 """
@@ -164,49 +164,52 @@ def _group_gram(contribs: list, grp: Grouping, method: str) -> Tensor:
 
 
 def row_gradients(c, grp: Grouping, method: str = "auto") -> Tensor | None:
-    """``c``'s per-row gradients ``[B, n]`` float32 where :func:`group_gram` of ``c`` alone would take them
-    materialised in one chunk of groups: a :class:`Dense`'s ``z`` (a view), or a float :class:`Outer`'s one
-    batched product ``left^T right`` (TF32 for a half-precision model's factors on CUDA, as there). Their
-    Gram within ``grp``'s groups is then ``group_gram([c], grp)`` unmasked. None where ``group_gram`` takes
-    another path (the ghost Gram, token ids, several chunks of groups)."""
+    """``c``'s per-row gradients ``[B, *shape]`` float32 where :func:`group_gram` of ``c`` alone would take them
+    materialised in one chunk of groups: a :class:`Dense`'s ``z``, or a float :class:`Outer`'s one batched product
+    ``left^T right`` ``[B, R, C]`` (TF32 for a half-precision model's factors on CUDA, as there). Their Gram
+    within ``grp``'s groups is then ``group_gram([c], grp)`` unmasked. None where ``group_gram`` takes another path
+    (the ghost Gram, token ids, several chunks of groups)."""
     if isinstance(c, Dense):
-        z = c.z
-    else:
-        K, M = grp.index.shape
-        if c.is_index or _use_ghost([c], M, method) or len(list(chunks(K, M * numel(c.shape)))) > 1:
-            return None
-        with tf32_products(half_factors([c])):
-            z = torch.bmm(f32(c.left).transpose(1, 2), f32(c.right))
-    return z if z.dim() == 2 else z.reshape(z.shape[0], -1)
+        return c.z
+    K, M = grp.index.shape
+    if c.is_index or _use_ghost([c], M, method) or len(list(chunks(K, M * numel(c.shape)))) > 1:
+        return None
+    with tf32_products(half_factors([c])):
+        return torch.bmm(f32(c.left).transpose(1, 2), f32(c.right))
 
 
 class PendingRows:
-    """Per-row gradients ``[B, n_j]`` waiting to be added into ``gram`` [K, M, M] (``grp``'s groups, unmasked) as one
-    Gram of their concatenation ``[B, sum n_j]`` -- the sum of their Grams -- instead of one Gram each.
+    """Per-row gradients ``[B, *shape]`` waiting to be added into ``gram`` [K, M, M] (``grp``'s groups, unmasked):
+    those of one shape are stacked (as ``slabs.form_slabs`` stacks them) and their Grams formed by one batched
+    product, ``[L K, M, n] x [L K, n, M]``, and summed over the stack: each one's Gram is the product it was alone
+    (the same inner dimension, so the same accuracy: one Gram of everything concatenated would sum ``10^5``-``10^6``
+    products in one float32 accumulation), a few operators per shape instead of a few per parameter.
 
     At most ``slabs.SLAB_ELEMS`` elements (read at each :meth:`add`) wait: a row block that would pass it reduces
     those waiting first, and one at least that large is reduced alone, so the engine holds that much at most (and
-    the concatenation as much again while it is reduced). :meth:`flush` reduces what waits (the end of a pass)."""
+    a stack as much again while it is reduced). :meth:`flush` reduces what waits (the end of a pass)."""
 
     def __init__(self, grp: Grouping, gram: Tensor):
         self.grp, self.gram = grp, gram
-        self.rows: list[Tensor] = []
+        self.rows: dict[tuple, list[Tensor]] = {}
         self.elems = 0
 
     def add(self, z: Tensor) -> None:
         budget = slab_budget()
         if self.rows and self.elems + z.numel() > budget:
             self.flush()
-        self.rows.append(z)
+        self.rows.setdefault(tuple(z.shape), []).append(z)
         self.elems += z.numel()
         if self.elems >= budget:
             self.flush()
 
     def flush(self) -> None:
-        if not self.rows:
-            return
-        z = self.rows[0] if len(self.rows) == 1 else torch.cat(self.rows, 1)
-        self.rows, self.elems = [], 0
+        rows, self.rows, self.elems = self.rows, {}, 0
         grp = self.grp
         K, M = grp.index.shape
-        self.gram += rows_gram(z.view(K, M, -1) if grp.contiguous else z[grp.index])
+        for zs in rows.values():
+            L, B = len(zs), zs[0].shape[0]
+            z = zs[0] if L == 1 else torch.stack(zs)  # [L, B, *shape], no copy for one
+            z = z.view(L * K, M, -1) if grp.contiguous else z.view(L, B, -1)[:, grp.index].view(L * K, M, -1)
+            g = rows_gram(z)
+            self.gram += g if L == 1 else g.view(L, K, M, M).sum(0)

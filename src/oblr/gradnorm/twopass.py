@@ -13,8 +13,9 @@ same interface and keeps only per-group Gram matrices:
    rule and reduces them into per-group Grams ``M_k[a, b] = <s_{i_a}, s_{i_b}>``
    (:func:`oblr.gradnorm.gram.group_gram`): at once, or, where that Gram is the one of the per-row gradients
    (a norm weight's ``[B, d]``, a materialised linear), those per-row gradients wait, up to
-   ``slabs.SLAB_ELEMS`` elements in all, and one Gram of their concatenation reduces many layers' together
-   (:class:`oblr.gradnorm.gram.PendingRows`: fewer operators dispatched); nothing else of the layer is kept. A parameter with several owners
+   ``slabs.SLAB_ELEMS`` elements in all, and the same-shaped ones of many layers are stacked and reduced by one
+   batched product (:class:`oblr.gradnorm.gram.PendingRows`: fewer operators dispatched); nothing else of the
+   layer is kept. A parameter with several owners
    or calls (a tied embedding) keeps its contributions until the pass ends, for the cross terms; one whose
    module runs several times (the output layer applied in chunks, :func:`oblr.logprobs.chunked_response_logprobs`)
    adds every contribution into one per-row sum ``[B, *shape]`` instead (memory independent of the length).
