@@ -14,9 +14,9 @@ parameter the cross block ``X_ab[k, p, q] = <G_a[index[k, p]], G_b[index[k, q]]>
 
 chosen per parameter like :func:`oblr.gradnorm.assembly.use_ghost` (``method`` "auto" | "ghost" |
 "materialize"). Per-row gradients that are small (a norm weight's ``[B, d]``, a narrow linear's materialised
-``[B, R, C]``) need not be reduced one parameter at a time: :class:`PendingRows` stacks those of one shape, up to
-``slabs.SLAB_ELEMS`` elements in all, and forms their Grams with one batched product (a launch-bound GPU step
-pays per dispatched operator, ``benchmarks/op_count.py``). All arithmetic is
+``[B, R, C]``) need not be reduced one parameter at a time: :class:`GramSum` stacks those of one shape, up to
+``slabs.SLAB_ELEMS`` elements in all, forms their Grams with one batched product and sums every Gram in the order
+given (a launch-bound GPU step pays per dispatched operator, ``benchmarks/op_count.py``). All arithmetic is
 float32 (products of a half-precision model's factors as TF32 on CUDA, exact for those values:
 :func:`oblr.gradnorm.precision.tf32_products`).
 """
@@ -28,7 +28,7 @@ import torch
 from .assembly import chunks, left_gram
 from .contrib import MEMORY_COST, Dense, Grouping, Outer, f32, numel
 from .precision import half_factors, tf32_products
-from .slabs import slab_budget
+from .slabs import RunningSum, slab_budget
 
 Tensor = torch.Tensor
 
@@ -178,38 +178,61 @@ def row_gradients(c, grp: Grouping, method: str = "auto") -> Tensor | None:
         return torch.bmm(f32(c.left).transpose(1, 2), f32(c.right))
 
 
-class PendingRows:
-    """Per-row gradients ``[B, *shape]`` waiting to be added into ``gram`` [K, M, M] (``grp``'s groups, unmasked):
-    those of one shape are stacked (as ``slabs.form_slabs`` stacks them) and their Grams formed by one batched
-    product, ``[L K, M, n] x [L K, n, M]``, and summed over the stack: each one's Gram is the product it was alone
-    (the same inner dimension, so the same accuracy: one Gram of everything concatenated would sum ``10^5``-``10^6``
-    products in one float32 accumulation), a few operators per shape instead of a few per parameter.
+class GramSum:
+    """The per-group Grams ``[K, M, M]`` (``grp``'s groups, unmasked) of one norm pass, summed in the order the layers
+    hand them over: a Gram formed elsewhere (:meth:`add`), or per-row gradients ``[B, *shape]`` whose Gram is formed
+    later (:meth:`add_rows`). Those of one shape wait and are stacked (as ``slabs.form_slabs`` stacks them), and
+    their Grams formed by one batched product ``[L K, M, n] x [L K, n, M]``: each one's Gram is the product it is
+    alone, and :meth:`total` adds them all, each at its own place, with ``slabs.RunningSum`` (on CPU bitwise the
+    running sum ``0 + G_1 + G_2 + ...``; elsewhere one reduction). A few operators per shape instead of a few per
+    parameter; the same sums as adding each Gram as it comes.
 
-    At most ``slabs.SLAB_ELEMS`` elements (read at each :meth:`add`) wait: a row block that would pass it reduces
-    those waiting first, and one at least that large is reduced alone, so the engine holds that much at most (and
-    a stack as much again while it is reduced). :meth:`flush` reduces what waits (the end of a pass)."""
+    At most ``slabs.SLAB_ELEMS`` elements (read at each :meth:`add_rows`) wait: a row block that would pass it
+    reduces those waiting first, and one at least that large is reduced alone, so this holds that much at most (and
+    a stack as much again while it is reduced), besides the ``[K, M, M]`` Grams themselves."""
 
-    def __init__(self, grp: Grouping, gram: Tensor):
-        self.grp, self.gram = grp, gram
-        self.rows: dict[tuple, list[Tensor]] = {}
+    def __init__(self, grp: Grouping):
+        self.grp = grp
+        self.waiting: dict[tuple, list[Tensor]] = {}
         self.elems = 0
+        self._items: list[tuple] = []  # in order: (None, Gram) or ((flush, shape), member)
+        self._blocks: dict[tuple, Tensor] = {}  # (flush, shape): [L, K, M, M]
+        self._flushes = 0
 
-    def add(self, z: Tensor) -> None:
+    def add(self, gram: Tensor) -> None:
+        self._items.append((None, gram))
+
+    def add_rows(self, z: Tensor) -> None:
         budget = slab_budget()
-        if self.rows and self.elems + z.numel() > budget:
+        if self.waiting and self.elems + z.numel() > budget:
             self.flush()
-        self.rows.setdefault(tuple(z.shape), []).append(z)
+        members = self.waiting.setdefault(tuple(z.shape), [])
+        self._items.append(((self._flushes, tuple(z.shape)), len(members)))
+        members.append(z)
         self.elems += z.numel()
         if self.elems >= budget:
             self.flush()
 
     def flush(self) -> None:
-        rows, self.rows, self.elems = self.rows, {}, 0
+        """Form the Grams of the per-row gradients waiting: one batched product per shape."""
+        waiting, self.waiting, self.elems = self.waiting, {}, 0
         grp = self.grp
         K, M = grp.index.shape
-        for zs in rows.values():
+        for shape, zs in waiting.items():
             L, B = len(zs), zs[0].shape[0]
             z = zs[0] if L == 1 else torch.stack(zs)  # [L, B, *shape], no copy for one
             z = z.view(L * K, M, -1) if grp.contiguous else z.view(L, B, -1)[:, grp.index].view(L * K, M, -1)
-            g = rows_gram(z)
-            self.gram += g if L == 1 else g.view(L, K, M, M).sum(0)
+            self._blocks[(self._flushes, shape)] = rows_gram(z).view(L, K, M, M)
+        self._flushes += 1
+
+    def total(self) -> Tensor:
+        """``[K, M, M]``: every Gram added, in order."""
+        self.flush()
+        K, M = self.grp.index.shape
+        out = RunningSum((K, M, M), self.grp.index.device)
+        for key, x in self._items:
+            if key is None:
+                out.add(x)
+            else:
+                out.add_row(self._blocks[key], x)
+        return out.total()

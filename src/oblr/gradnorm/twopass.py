@@ -14,8 +14,8 @@ same interface and keeps only per-group Gram matrices:
    (:func:`oblr.gradnorm.gram.group_gram`): at once, or, where that Gram is the one of the per-row gradients
    (a norm weight's ``[B, d]``, a materialised linear), those per-row gradients wait, up to
    ``slabs.SLAB_ELEMS`` elements in all, and the same-shaped ones of many layers are stacked and reduced by one
-   batched product (:class:`oblr.gradnorm.gram.PendingRows`: fewer operators dispatched); nothing else of the
-   layer is kept. A parameter with several owners
+   batched product (:class:`oblr.gradnorm.gram.GramSum`: fewer operators dispatched; the Grams are summed in the
+   layers' order, as one by one); nothing else of the layer is kept. A parameter with several owners
    or calls (a tied embedding) keeps its contributions until the pass ends, for the cross terms; one whose
    module runs several times (the output layer applied in chunks, :func:`oblr.logprobs.chunked_response_logprobs`)
    adds every contribution into one per-row sum ``[B, *shape]`` instead (memory independent of the length).
@@ -37,7 +37,7 @@ from torch import nn
 
 from .book import Entry
 from .contrib import Grouping
-from .gram import PendingRows, group_gram, mask_padding, row_gradients
+from .gram import GramSum, group_gram, mask_padding, row_gradients
 from .taps import TapBook, fsdp_sharded, refuse_loop
 
 
@@ -65,7 +65,7 @@ class TwoPassBookKeeper(TapBook):
         self._gram: torch.Tensor | None = None
         self._obj: torch.Tensor | None = None
         self._kept_entries: set[int] = set()
-        self._pending: PendingRows | None = None
+        self._sums: GramSum | None = None
         super().__init__(model, method=method)
 
     # ------------------------------------------------------------------ norm pass
@@ -89,7 +89,6 @@ class TwoPassBookKeeper(TapBook):
             raise ValueError(f"group_ids must be [B] with B={B}, got shape {tuple(gid.shape)}")
         self._grp = Grouping.from_groups(torch.ones(B, device=dev), gid)
         self._group_ids = gid
-        self._gram = torch.zeros(self._grp.index.shape + (self._grp.index.shape[1],), device=dev)
         by_id = {id(e.param): e for e in self._entries}
         self._kept_entries = {id(e) for e in by_id.values() if len(e.owners) > 1}
         self._summed_entries = self._summed()
@@ -98,17 +97,17 @@ class TwoPassBookKeeper(TapBook):
             e.contribs = []
         self._B = B
         grp = self._grp
-        self._pending = PendingRows(grp, self._gram)
+        self._sums = GramSum(grp)
         try:
             torch.autograd.grad(seq_obj.sum(), [self._dummy], retain_graph=True, allow_unused=True)
-            self._pending.flush()
+            self._gram = self._sums.total()  # every layer's Gram, in the order the layers handed them over
             for e in self._entries:  # parameters with several owners or calls: their cross terms, now
                 if e.contribs:
                     self._gram += group_gram(e.contribs, grp, self.method, mask=False)
                     e.contribs = []
             self._gram = mask_padding(self._gram, grp)  # once for the sum, not per layer
         finally:
-            self._grp = self._pending = None
+            self._grp = self._sums = None
         self._grp_done = grp
         self._obj = seq_obj
         self._batch = B
@@ -117,15 +116,16 @@ class TwoPassBookKeeper(TapBook):
     def _keep(self, e: Entry, c) -> None:
         """A parameter with several owners or calls keeps ``c`` for its cross terms; any other is reduced into the
         Grams at once, or, when its Gram is that of its per-row gradients, those wait to be reduced together with
-        others' (:class:`oblr.gradnorm.gram.PendingRows`: at most ``slabs.SLAB_ELEMS`` elements)."""
+        same-shaped others' (:class:`oblr.gradnorm.gram.GramSum`: at most ``slabs.SLAB_ELEMS`` elements); the
+        Grams are summed in the order given."""
         if id(e) in self._kept_entries:
             e.contribs.append(c)
             return
         z = row_gradients(c, self._grp, self.method)
         if z is None:
-            self._gram += group_gram([c], self._grp, self.method, mask=False)
+            self._sums.add(group_gram([c], self._grp, self.method, mask=False))
         else:
-            self._pending.add(z)
+            self._sums.add_rows(z)
 
     # ------------------------------------------------------------------ queries
     def sq_norms(self) -> torch.Tensor:

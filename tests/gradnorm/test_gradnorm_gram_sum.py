@@ -1,8 +1,9 @@
-"""Per-row gradients reduced into the two-pass Grams together (oblr.gradnorm.gram.row_gradients, PendingRows): the
-Grams of stacked same-shaped pieces sum to each piece's ``group_gram``, recomputed here from per-row gradients
-formed by hand; what waits stays within ``slabs.SLAB_ELEMS``; the ghost path and token ids are left to
-``group_gram``; a two-pass norm pass reduces the linears and norm weights of every layer with one batched Gram
-per shape; the Tap hooks detach a shared input once."""
+"""Per-row gradients reduced into the two-pass Grams together (oblr.gradnorm.gram.row_gradients, GramSum): the
+Grams of stacked same-shaped pieces, summed in order, are each piece's ``group_gram`` added one by one (bitwise on
+CPU) and the Gram of per-row gradients formed by hand; what waits stays within ``slabs.SLAB_ELEMS``; the ghost path
+and token ids are left to ``group_gram``; a two-pass norm pass reduces the linears and norm weights of every layer
+with one batched Gram per shape, and its norms are bitwise those of reducing each contribution alone; the Tap
+hooks detach a shared input once."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from oblr.gradnorm import gram, slabs
 from oblr.gradnorm.contrib import Dense, Grouping, Outer
-from oblr.gradnorm.gram import PendingRows, group_gram, row_gradients
+from oblr.gradnorm.gram import GramSum, group_gram, row_gradients
 
 B = 6
 GROUPINGS = {
@@ -59,21 +60,23 @@ def test_stacked_grams_are_the_sum_of_each_pieces(grouping, monkeypatch):
     calls = []
     real = gram.rows_gram
     monkeypatch.setattr(gram, "rows_gram", lambda z, split=None: calls.append(tuple(z.shape)) or real(z, split))
-    acc = torch.zeros(K, M, M)
-    pending = PendingRows(grp, acc)
+    sums = GramSum(grp)
+    sums.add(group_gram([pieces[1]], grp, "ghost", mask=False))  # a Gram formed elsewhere, in its place
     for c in pieces:
         z = row_gradients(c, grp, "materialize")
         assert z.shape == (B, *c.shape) and z.dtype == torch.float32
-        pending.add(z)
-    assert len(pending.rows) == 3 and not acc.any() and not calls  # nothing reduced before the flush
-    pending.flush()
+        sums.add_rows(z)
+    assert len(sums.waiting) == 3 and not calls  # nothing reduced before the flush
+    total = sums.total()
     assert sorted(calls) == sorted([(2 * K, M, 12), (K, M, 14), (K, M, 9)])
-    assert not pending.rows and pending.elems == 0
-    acc = gram.mask_padding(acc, grp)
-    ref = _gram_by_hand([_by_hand(c) for c in pieces], grp)
-    assert torch.allclose(acc.double(), ref, rtol=1e-5, atol=1e-5)
-    one_by_one = sum(group_gram([c], grp, "materialize") for c in pieces)  # the engine's earlier way
-    assert torch.allclose(acc, one_by_one, rtol=1e-5, atol=1e-5)
+    assert not sums.waiting and sums.elems == 0
+    ref = _gram_by_hand([_by_hand(c) for c in [pieces[1]] + pieces], grp)
+    assert torch.allclose(gram.mask_padding(total, grp).double(), ref, rtol=1e-5, atol=1e-5)
+    one_by_one = torch.zeros(K, M, M)  # the engine's earlier way: each Gram added as it came
+    one_by_one += group_gram([pieces[1]], grp, "ghost", mask=False)
+    for c in pieces:
+        one_by_one += group_gram([c], grp, "materialize", mask=False)
+    assert torch.equal(total, one_by_one)
 
 
 def test_ghost_and_token_ids_are_left_to_group_gram():
@@ -94,23 +97,22 @@ def test_what_waits_stays_within_the_slab_budget(monkeypatch):
     grams = []
     real = gram.rows_gram
     monkeypatch.setattr(gram, "rows_gram", lambda z, split=None: grams.append(z.shape[2]) or real(z, split))
-    K, M = grp.index.shape
-    acc = torch.zeros(K, M, M)
-    pending = PendingRows(grp, acc)
+    sums = GramSum(grp)
     zs = [row_gradients(c, grp, "materialize") for c in pieces]
     for z in zs:
-        pending.add(z)
-        assert pending.elems <= slabs.SLAB_ELEMS
-    pending.flush()
+        sums.add_rows(z)
+        assert sums.elems <= slabs.SLAB_ELEMS
+    total = sums.total()
     assert grams == [12, 14, 9]  # 72 + 84 > 100: one Gram each
     ref = _gram_by_hand([_by_hand(c) for c in pieces], grp)
-    assert torch.allclose(gram.mask_padding(acc, grp).double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(gram.mask_padding(total, grp).double(), ref, rtol=1e-5, atol=1e-5)
     grams.clear()
     monkeypatch.setattr(slabs, "SLAB_ELEMS", 60)
-    pending.add(zs[0])  # 72 >= 60: reduced at once, alone
-    assert grams == [12] and not pending.rows
-    pending.add(zs[2])  # 54 waits
-    assert grams == [12] and pending.elems == 54
+    sums = GramSum(grp)
+    sums.add_rows(zs[0])  # 72 >= 60: reduced at once, alone
+    assert grams == [12] and not sums.waiting
+    sums.add_rows(zs[2])  # 54 waits
+    assert grams == [12] and sums.elems == 54
 
 
 def test_a_norm_pass_reduces_the_layers_with_one_gram(monkeypatch):
@@ -162,3 +164,36 @@ def test_a_shared_input_is_detached_once_and_not_kept():
     del x, d
     gc.collect()
     assert len(book._inputs) == 1  # y's only
+
+
+@pytest.mark.parametrize("method", ["auto", "materialize"])
+def test_a_norm_pass_gives_bitwise_the_norms_of_each_contribution_reduced_alone(monkeypatch, method):
+    """The two-pass engine with the stacked Grams against the same engine with every contribution reduced by
+    ``group_gram`` as it comes (``row_gradients`` patched to decline): on CPU the same numbers, bit for bit, for
+    unequal interleaved groups (the order of the sums is kept: another moved a 2-process FSDP step's update past its
+    tolerance)."""
+    from conftest import tiny_qwen3
+    from gradnorm_helpers import checkpointed, make_batch
+
+    from oblr.gradnorm import TwoPassBookKeeper, twopass
+    from oblr.logprobs import sequence_logprobs, token_logprobs
+
+    model = checkpointed(tiny_qwen3(seed=3))
+    ids, am, rm = make_batch(model.config.vocab_size, [3, 4, 2, 5, 3], [5, 2, 6, 4, 1], seed=2)
+    gid = torch.tensor([2, 0, 2, 1, 0])
+    coeffs = torch.randn(5, generator=torch.Generator().manual_seed(1))
+
+    def norms():
+        book = TwoPassBookKeeper(model, method=method)
+        with book.record():
+            seq = sequence_logprobs(token_logprobs(model, ids, am), rm)
+            book.backward(seq, group_ids=gid)
+        out = book.sq_norms(), book.group_sq_norms(coeffs, gid)
+        book.clear()
+        return out
+
+    stacked = norms()
+    monkeypatch.setattr(twopass, "row_gradients", lambda c, grp, method: None)
+    alone = norms()
+    assert all(torch.equal(a, b) for a, b in zip(stacked, alone))
+    assert stacked[0].min() > 0
