@@ -24,11 +24,14 @@ mean of ``N x SNR`` (``snr/n_snr``), the mean learning rate, and the final held-
 Writes ``nsweep.md`` (the table) and ``nsweep.png`` (factor, clamped share and accuracy against N) into
 ``--out``; unfinished runs are listed as such.
 
-Cost on a CPU (measured in the N sweep, one torch thread, a 2-core machine shared with other jobs): a step at
-N = 128 took 21.7 s (median), at N = 16 2.8 s, so one grid row (100 steps at N = 128) is about 40 minutes there
-and the six grids (3 tasks x 2 optimizers x 28 rows x 3 seeds) about 500 runs: a GPU's job
-(``benchmarks/gpu/paper_regime.sh`` runs one task's grid, one seed, in under 10 minutes of device time), or
-many CPU sessions reusing finished runs (``oblr compare`` reuses a run folder of the same code and start model).
+Cost on a CPU (one torch thread a run, a 2-core machine shared with other jobs): a step at N = 128 took 21.7 s
+(median) in the N sweep under a heavy load and 8.9 s (median) in the pilot of the SGD grid
+(``configs/paper-regime/arithmetic/pilot-sgd.yaml``, two or three runs at a time), so one grid row (100 steps at
+N = 128) is 13-20 minutes there, and the six grids (3 tasks x 2 optimizers x 28 rows x 3 seeds, about 500 runs)
+about 60 hours with two runs at a time: a GPU's job (``benchmarks/gpu/paper_regime.sh`` runs one task's grid,
+one seed, in under 10 minutes of device time), or many CPU sessions reusing finished runs (``oblr compare``
+reuses a run folder of the same code and start model). ``benchmarks/paper_regime_report.py`` makes the grid's
+tables, verdicts and plot.
 """
 
 from __future__ import annotations
