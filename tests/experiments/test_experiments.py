@@ -416,3 +416,28 @@ def test_clear_partial_moves_a_folder_of_damaged_checkpoints_aside_and_removes_a
     (partial / "metrics.jsonl").write_text("")
     assert clear_partial(partial) is None and not partial.exists()
     assert clear_partial(tmp_path / "v" / "never-made") is None
+
+
+def test_only_and_seeds_select_part_of_a_grid_into_the_whole_grids_folders(tmp_path, capsys):
+    from oblr.experiments.grid import run_dir_of, select
+
+    grid = grid_from_dict({"base": {}, "seeds": [0, 1, 2],
+                           "runs": [{"name": "a"}, {"name": "b", "optim.lr": 0.5}, {"name": "c"}]}, "g.yaml")
+    part = select(grid, ["c", "a"], [2, 5])
+    assert [v.name for v in part.variants] == ["a", "c"] and part.seeds == [2, 5]  # the grid's order
+    assert [(p.variant, p.seed) for p in plan_grid(part, tmp_path)] == [("a", 2), ("a", 5), ("c", 2), ("c", 5)]
+    assert [p.run_dir for p in plan_grid(part, tmp_path)][0] == run_dir_of(tmp_path, "a", 2)  # the full grid's
+    assert select(grid).variants == grid.variants and select(grid).seeds == [0, 1, 2]
+    for only, seeds, msg in ((["a", "x"], None, "no variant 'x'; the grid has: a, b, c"), ([], None, "names no variant"),
+                             (None, [-1], "non-negative"), (None, [1, 1], "distinct"), (None, [], "distinct")):
+        with pytest.raises(ConfigError) as e:
+            select(grid, only, seeds)
+        assert msg in str(e.value)
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"base": {}, "seeds": [0, 1], "runs": [{"name": "a"}, {"name": "b"}]}))
+    assert main(["compare", "--config", str(path), "--out", str(tmp_path / "o"), "--dry-run",
+                 "--only", "b", "--seeds", "1"]) == 0
+    said = "".join(capsys.readouterr())
+    assert "1 variants x 1 seeds = 1 runs" in said and "b/seed1" in said and "a/seed" not in said
+    assert main(["compare", "--config", str(path), "--out", str(tmp_path / "o"), "--only", "z"]) == 2
+    assert "no variant 'z'" in "".join(capsys.readouterr()) and not (tmp_path / "o").exists()

@@ -172,6 +172,28 @@ def load_grid(path: str | Path) -> Grid:
     return grid_from_dict(data, str(p), p)
 
 
+def select(grid: Grid, only: list[str] | None = None, seeds: list[int] | None = None) -> Grid:
+    """The part of ``grid`` to run: the variants named in ``only`` (in the grid's order) and the ``seeds`` given
+    (any non-negative integers: more seeds than the file lists are allowed); None keeps the grid's. Run folders
+    are the full grid's (``OUT/<variant>/seed<k>``), so a later run of the whole grid reuses them. An unknown
+    name, an empty selection or a bad seed is refused in one line naming what the grid has."""
+    variants = grid.variants
+    if only is not None:
+        names = [v.name for v in grid.variants]
+        unknown = [n for n in only if n not in names]
+        if unknown or not only:
+            raise ConfigError(f"grid {grid.source}: --only {','.join(only) or '(empty)'}: "
+                              f"{'no variant ' + ', '.join(map(repr, unknown)) if unknown else 'names no variant'}; "
+                              f"the grid has: {', '.join(names)}")
+        variants = [v for v in grid.variants if v.name in set(only)]
+    if seeds is not None:
+        if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds) \
+                or len(set(seeds)) != len(seeds):
+            raise ConfigError(f"grid {grid.source}: --seeds must be distinct non-negative integers, got {seeds}")
+    return Grid(base=grid.base, variants=list(variants), seeds=list(grid.seeds if seeds is None else seeds),
+                out=grid.out, report=grid.report, description=grid.description, source=grid.source)
+
+
 def run_dir_of(out_dir: Path, variant: str, seed: int) -> Path:
     return Path(out_dir) / variant / f"seed{seed}"
 

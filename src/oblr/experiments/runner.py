@@ -27,6 +27,7 @@ from oblr.experiments.grid import (
     load_grid,
     move_aside,
     plan_grid,
+    select,
     write_grid_file,
 )
 
@@ -272,6 +273,10 @@ def register_cli(sub) -> None:
     p.add_argument("--config", required=True, help="grid file (see configs/grid-paper-checks.yaml)")
     p.add_argument("--out", help="output folder (default: the grid's 'out', else runs/<grid file name>)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (reuse/resume/start per run), run nothing")
+    p.add_argument("--only", type=lambda s: [x for x in s.split(",") if x], metavar="NAME[,NAME...]",
+                   help="run only these variants of the grid (their folders are the whole grid's, so running the "
+                        "whole grid later reuses them)")
+    p.add_argument("--seeds", type=int, nargs="+", metavar="K", help="run these seeds instead of the grid's list")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once (processes); default 1")
     p.add_argument("--verbose", action="store_true", help="show each run's own progress display (jobs=1)")
     p.add_argument("--on-other-code", choices=ON_OTHER_CODE, default="refuse",
@@ -305,7 +310,7 @@ def _cmd_compare(args) -> int:
     from oblr.checks import MAX_THREADS, Range, check_flags
 
     check_flags({"--jobs": (args.jobs, Range(ge=1, le=MAX_THREADS))})
-    grid = load_grid(args.config)
+    grid = select(load_grid(args.config), args.only, args.seeds)
     out = args.out or grid.out or str(Path("runs") / Path(args.config).stem)
     command = "oblr " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
     res = run_grid(grid, out, overrides=list(args.overrides), jobs=args.jobs, dry_run=args.dry_run,
