@@ -176,6 +176,8 @@ def tables(points: dict) -> str:
 def plot(points: dict, path: Path) -> Path:
     import matplotlib
 
+    from oblr.tracking.plots import save_png
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -197,8 +199,7 @@ def plot(points: dict, path: Path) -> Path:
         ax.set_title(f"{panel[0]}, {panel[1]}, N = {panel[2]}", fontsize=10)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
     return path
 
