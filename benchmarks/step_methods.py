@@ -419,9 +419,31 @@ def _checkpointing_off(ctx: Ctx) -> None:
     disable_activation_checkpointing(ctx.model)
 
 
+#: ``oblr_dense``'s ``assembly.KEEP_DENSE_SLACK``: every weight whose per-row gradients take at most this many times
+#: its factors' memory is kept dense (at the random-init cases' widths and the SmolLM2 shape: all of them)
+DENSE_SLACK = 8.0
+
+
+class DenseSlack:
+    """``oblr`` with the one-pass engine's keep-dense rule relaxed to :data:`DENSE_SLACK` for the call (restored
+    in ``teardown``): per-row gradients materialised once after the backward instead of ghost Grams -- fewer
+    FLOPs, more memory (the question: does the FLOP saving survive the memory traffic on this machine?)."""
+
+    def setup(self, ctx: Ctx) -> None:
+        from oblr.gradnorm import assembly
+
+        self.saved = assembly.KEEP_DENSE_SLACK
+        assembly.KEEP_DENSE_SLACK = DENSE_SLACK
+
+    def teardown(self, ctx: Ctx) -> None:
+        from oblr.gradnorm import assembly
+
+        assembly.KEEP_DENSE_SLACK = self.saved
+
+
 def methods() -> list[Method]:
     """Every compared method, GRPO (the denominator) first."""
-    opacus, auto = OpacusStep(), AutoStep()
+    opacus, auto, dense = OpacusStep(), AutoStep(), DenseSlack()
     return [
         Method("grpo", step_grpo, "GRPO, plain path: 1 forward + 1 backward"),
         Method("oblr", step_oblr, "OBLR-PO, book-keeping: 1 forward + 1 backward, w_i, ||g_k||^2"),
@@ -443,6 +465,9 @@ def methods() -> list[Method]:
                "the rule allows)"),
         Method("oblr_materialize", step_oblr_materialize, "OBLR-PO as oblr with norms_method=materialize (every "
                "per-row gradient materialised)"),
+        Method("oblr_dense", step_oblr, f"OBLR-PO as oblr with every per-row gradient up to {DENSE_SLACK:g}x its "
+               "factors' memory kept dense (assembly.KEEP_DENSE_SLACK raised): no ghost Grams", dense.setup,
+               dense.teardown),
         Method("oblr_loop", step_oblr_loop, "OBLR-PO, norms_method=loop: 1 forward + 1 backward per sequence"),
         Method("loop", step_loop, "loop: 1 forward + 1 backward per sequence"),
         Method("two_backward", step_two_backward, "BookKeeper norms pass, then forward + ordinary backward"),

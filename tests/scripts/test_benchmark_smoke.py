@@ -49,6 +49,23 @@ def test_tiny_tied_case_every_method_in_table():
     assert "not measured" in table
 
 
+def test_dense_method_raises_the_keep_dense_slack_only_for_its_own_calls(monkeypatch):
+    """oblr_dense keeps per-row gradients dense during its call (the rule sees DENSE_SLACK) and leaves the
+    engine's constant as it found it, so the methods after it run the engine's own rule."""
+    from oblr.gradnorm import assembly
+    import step_methods
+
+    seen = []
+    real = assembly.keep_dense
+    monkeypatch.setattr(assembly, "keep_dense", lambda c: seen.append(assembly.KEEP_DENSE_SLACK) or real(c))
+    import oblr.gradnorm.stored as stored
+    monkeypatch.setattr(stored, "keep_dense", assembly.keep_dense)
+    res = step_cost.run_case(Case(**TINY), repeats=1, only=["oblr_dense", "oblr"])
+    assert res.row("oblr_dense").error is None and res.row("oblr_dense").grad_err < 1e-4
+    assert step_methods.DENSE_SLACK in seen and assembly.KEEP_DENSE_SLACK in seen  # both rules were used
+    assert assembly.KEEP_DENSE_SLACK == 1.0
+
+
 @pytest.mark.skipif(not _has_opacus(), reason="opacus not installed (pip install -e '.[bench]')")
 def test_tiny_untied_case_opacus_matches():
     res = step_cost.run_case(Case(**TINY, tied=False, micro_batch_groups=1), repeats=1,
