@@ -6,7 +6,8 @@
         --out docs/results/paper-regime --results-doc docs/results.md
 
 Reads every run folder under ``--runs`` (``config.yaml``, ``metrics.jsonl``, ``summary.json``; a run without a
-summary is listed as unfinished) and groups runs into rows by task, optimizer, method and rate: ``grpo-const``,
+summary is listed as unfinished) and groups runs into panels by task, optimizer, N and steps (runs of another
+length are another budget: never pooled) and into rows by method and rate: ``grpo-const``,
 ``rloo-const``, ``oblr-const`` (a fixed rate), ``oblr-snr-batch`` / ``oblr-snr-ema`` (the SNR rule with the
 current batch's S and V, ``optim.snr_ema=0``, or the EMA; the rate is ``eta_max``) and ``oblr-auto`` (the rate
 is the initial guess). Per row: finished seeds, final held-out accuracy (sampled and greedy, mean ± std over
@@ -91,11 +92,12 @@ def find_runs(roots: list[Path]) -> list[Path]:
 
 
 def collect(roots: list[Path]) -> dict:
-    """``{(task, optimizer, N, method, lr): [run_record, ...]}`` of every run under ``roots``."""
+    """``{(task, optimizer, N, steps, method, lr): [run_record, ...]}`` of every run under ``roots``; a panel is
+    the first four."""
     points: dict = defaultdict(list)
     for run in find_runs(roots):
         r = run_record(run)
-        points[(r["task"], r["optimizer"], r["n"], r["method"], r["lr"])].append(r)
+        points[(r["task"], r["optimizer"], r["n"], r["steps"], r["method"], r["lr"])].append(r)
     return dict(points)
 
 
@@ -129,9 +131,9 @@ def _num(x: float, fmt: str) -> str:
 
 
 def best_grpo(points: dict, panel: tuple) -> tuple[float, dict] | None:
-    """The GRPO fixed rate with the highest mean final accuracy in ``panel`` = (task, optimizer, N)."""
-    cands = [(statistics.fmean(p["final"]), k[4]) for k, p in points.items()
-             if k[:3] == panel and k[3] == "grpo-const" and p["final"]]
+    """The GRPO fixed rate with the highest mean final accuracy in ``panel`` = (task, optimizer, N, steps)."""
+    cands = [(statistics.fmean(p["final"]), k[5]) for k, p in points.items()
+             if k[:4] == panel and k[4] == "grpo-const" and p["final"]]
     if not cands:
         return None
     _, lr = max(cands)
@@ -149,19 +151,19 @@ def verdict_of(p: dict, best: dict) -> str:
 
 def tables(points: dict) -> str:
     out = []
-    for panel in sorted({k[:3] for k in points}):
-        keys = sorted((k for k in points if k[:3] == panel),
-                      key=lambda k: (METHODS.index(k[3]) if k[3] in METHODS else 99, k[4]))
+    for panel in sorted({k[:4] for k in points}):
+        keys = sorted((k for k in points if k[:4] == panel),
+                      key=lambda k: (METHODS.index(k[4]) if k[4] in METHODS else 99, k[5]))
         any_p = points[keys[0]]
         best = best_grpo(points, panel)
-        seconds = [p["step_seconds"] for k, p in points.items() if k[:3] == panel and math.isfinite(p["step_seconds"])]
-        out += [f"#### {panel[0]}, {panel[1]} (N = {panel[2]} x G = {any_p['g']}, {any_p['steps']} steps)", "",
+        seconds = [p["step_seconds"] for k, p in points.items() if k[:4] == panel and math.isfinite(p["step_seconds"])]
+        out += [f"#### {panel[0]}, {panel[1]} (N = {panel[2]} x G = {any_p['g']}, {panel[3]} steps)", "",
                 "| method | rate | final sampled % | greedy % | best eval at step | mean lr | steps at lr 0 | "
                 "mean factor | vs best GRPO |", "|---|---|---|---|---|---|---|---|---|"]
         for k in keys:
             p = points[k]
-            vs = "-" if best is None or k[3] == "grpo-const" and k[4] == best[0] else verdict_of(p, best[1])
-            out.append(f"| {k[3]} | {k[4]:g} | {_acc(p)} | {_num(100 * p['greedy'], '.1f')} | "
+            vs = "-" if best is None or k[4] == "grpo-const" and k[5] == best[0] else verdict_of(p, best[1])
+            out.append(f"| {k[4]} | {k[5]:g} | {_acc(p)} | {_num(100 * p['greedy'], '.1f')} | "
                        f"{', '.join(str(s) for s in p['best_step']) or '-'} | {_num(p['lr_mean'], '.3g')} | "
                        f"{_num(100 * p['lr0_share'], '.0f')} % | {_num(p['factor_mean'], '.3f')} | {vs} |")
         if best is not None:
@@ -181,11 +183,11 @@ def plot(points: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({k[:3] for k in points})
+    panels = sorted({k[:4] for k in points})
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for ax, panel in zip(axes[0], panels):
         for m in METHODS:
-            pts = sorted(((k[4], p) for k, p in points.items() if k[:4] == (*panel, m) and p["final"]),
+            pts = sorted(((k[5], p) for k, p in points.items() if k[:5] == (*panel, m) and p["final"]),
                          key=lambda x: x[0])
             if not pts:
                 continue
@@ -196,7 +198,7 @@ def plot(points: dict, path: Path) -> Path:
         ax.set_xscale("log")
         ax.set_xlabel("fixed rate / eta_max / auto's guess")
         ax.set_ylabel("final held-out accuracy, sampled (%)")
-        ax.set_title(f"{panel[0]}, {panel[1]}, N = {panel[2]}", fontsize=10)
+        ax.set_title(f"{panel[0]}, {panel[1]}, N = {panel[2]}, {panel[3]} steps", fontsize=10)
         ax.legend(fontsize=7)
     fig.tight_layout()
     save_png(fig, path)

@@ -17,12 +17,12 @@ import paper_regime_report as prr  # noqa: E402
 
 
 def _run(root: Path, name: str, seed: int, *, baseline="grpo", schedule="constant", lr=0.1, ema=0.9, n=128,
-         final=None, lrs=(0.1, 0.1), evals=((0, 0.2), (50, 0.3)), optimizer="sgd") -> Path:
+         final=None, lrs=(0.1, 0.1), evals=((0, 0.2), (50, 0.3)), optimizer="sgd", steps=50) -> Path:
     d = root / name / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = {"task": {"name": "arithmetic"}, "optim": {"optimizer": optimizer, "lr": lr, "snr_ema": ema},
            "algorithm": {"baseline": baseline, "lr_schedule": schedule},
-           "rollout": {"prompts_per_step": n, "group_size": 8}, "train": {"seed": seed, "steps": 50}}
+           "rollout": {"prompts_per_step": n, "group_size": 8}, "train": {"seed": seed, "steps": steps}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     rows = [{"step": i + 1, "optim/lr": x, "time/step": 2.0 + i, **({"snr/factor": x / lr} if schedule == "snr"
                                                                      else {})} for i, x in enumerate(lrs)]
@@ -46,21 +46,23 @@ def test_rows_statistics_and_verdicts_by_hand(tmp_path):
     _run(tmp_path, "auto-1", 0, baseline="oblr", schedule="auto", lr=1.0, final=0.25)
     _run(tmp_path, "auto-1", 1, baseline="oblr", schedule="auto", lr=1.0)  # unfinished
     _run(tmp_path, "grpo-0.1-n16", 0, lr=0.1, n=16, final=0.9)  # another N: its own panel, not GRPO's best here
+    _run(tmp_path / "long", "grpo-0.1", 0, lr=0.1, final=0.8, steps=100)  # another length: another budget, ditto
     points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
-    assert set(points) == {("arithmetic", "sgd", 128, "grpo-const", 0.1), ("arithmetic", "sgd", 128, "grpo-const", 1.0),
-                           ("arithmetic", "sgd", 128, "oblr-snr-batch", 3.0), ("arithmetic", "sgd", 128, "oblr-auto", 1.0),
-                           ("arithmetic", "sgd", 16, "grpo-const", 0.1)}
-    lr, best = prr.best_grpo(points, ("arithmetic", "sgd", 128))
+    assert set(points) == {("arithmetic", "sgd", 128, 50, "grpo-const", 0.1), ("arithmetic", "sgd", 128, 50, "grpo-const", 1.0),
+                           ("arithmetic", "sgd", 128, 50, "oblr-snr-batch", 3.0), ("arithmetic", "sgd", 128, 50, "oblr-auto", 1.0),
+                           ("arithmetic", "sgd", 16, 50, "grpo-const", 0.1), ("arithmetic", "sgd", 128, 100, "grpo-const", 0.1)}
+    lr, best = prr.best_grpo(points, ("arithmetic", "sgd", 128, 50))
     assert lr == 0.1 and best["final"] == [0.30, 0.32, 0.34]
-    p = points[("arithmetic", "sgd", 128, "oblr-snr-batch", 3.0)]
+    p = points[("arithmetic", "sgd", 128, 50, "oblr-snr-batch", 3.0)]
     assert p["lr0_share"] == 0.5 and p["lr_mean"] == 0.75 and math.isclose(p["factor_mean"], 0.25)
     assert p["best_step"] == [25, 25, 25]
     se = math.sqrt(statistics.variance([35, 36, 37]) / 3 + statistics.variance([30, 32, 34]) / 3)
     assert prr.verdict_of(p, best) == f"beats (+{36 - 32:.1f} ± {se:.1f})"  # 4.0 > 2 x 1.3
-    auto = points[("arithmetic", "sgd", 128, "oblr-auto", 1.0)]
+    auto = points[("arithmetic", "sgd", 128, 50, "oblr-auto", 1.0)]
     assert auto["missing"] == [1] and prr.verdict_of(auto, best) == "one seed (-7.0; no verdict)"
     md = prr.tables(points)
     assert "#### arithmetic, sgd (N = 128 x G = 8, 50 steps)" in md and "#### arithmetic, sgd (N = 16" in md
+    assert "#### arithmetic, sgd (N = 128 x G = 8, 100 steps)" in md
     assert "| oblr-snr-batch | 3 | 36.0 ± 1.0 (3) | 50.0 | 25, 25, 25 | 0.75 | 50 % | 0.250 | beats" in md
     assert "25.0 (1); unfinished seeds [1]" in md
     assert "| grpo-const | 1 | 21.0 ± 1.0 (3) |" in md and "behind (-11.0" in md
