@@ -164,6 +164,8 @@ def nsweep_table(rows: list[dict]) -> str:
 def nsweep_plot(rows: list[dict], path: Path) -> Path:
     import matplotlib
 
+    from oblr.tracking.plots import save_png
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -186,8 +188,7 @@ def nsweep_plot(rows: list[dict], path: Path) -> Path:
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
     return path
 
