@@ -27,7 +27,7 @@ Writes ``nsweep.md`` (the table) and ``nsweep.png`` (factor, clamped share and a
 Cost on a CPU (one torch thread a run, a 2-core machine shared with other jobs): a step at N = 128 took 21.7 s
 (median) in the N sweep under a heavy load and 8.9 s (median) in the pilot of the SGD grid
 (``configs/paper-regime/arithmetic/pilot-sgd.yaml``, two or three runs at a time), so one grid row (100 steps at
-N = 128) is 13-20 minutes there, and the six grids (3 tasks x 2 optimizers x 27 or 32 rows x 3 seeds, about 530 runs)
+N = 128) is 13-20 minutes there, and the six grids (3 tasks x 2 optimizers x 30 or 32 rows x 3 seeds, about 560 runs)
 about 60 hours with two runs at a time: a GPU's job (``benchmarks/gpu/paper_regime.sh`` runs one task's grid,
 one seed, in under 10 minutes of device time), or many CPU sessions reusing finished runs (``oblr compare``
 reuses a run folder of the same code and start model). ``benchmarks/paper_regime_report.py`` makes the grid's
@@ -53,9 +53,9 @@ SEEDS = [0, 1, 2]
 #: steps of a paper-regime run (128 x 8 sequences a step): the rollout budget of 800 steps at N = 16
 STEPS = 100
 PAPER = {"rollout": {"prompts_per_step": 128, "group_size": 8}}
-#: fixed rates by half-decades, per optimizer (GRPO, RLOO and the OBLR-PO baseline); SGD's 10: on countdown the
-#: pilot's best fixed rate was the grid's largest (3), so the sweep goes a half-decade above it
-FIXED_RATES = {"adamw": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "sgd": [0.03, 0.1, 0.3, 1.0, 3.0, 10.0]}
+#: fixed rates by half-decades, per optimizer (GRPO, RLOO and the OBLR-PO baseline); AdamW's 3e-3 and SGD's 10: on
+#: countdown the pilot's best fixed rates were the grid's largest (1e-3, 3), so the sweep goes a half-decade above
+FIXED_RATES = {"adamw": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3], "sgd": [0.03, 0.1, 0.3, 1.0, 3.0, 10.0]}
 #: eta_max of the SNR rule: three decades per optimizer (SGD's 10: the half-decade between the 3 that held the
 #: best fixed rate's accuracy and the 30 that collapsed in the arithmetic pilot)
 ETA_MAX = {"adamw": [1e-4, 1e-3, 1e-2, 1e-1], "sgd": [0.3, 3.0, 10.0, 30.0, 300.0]}
