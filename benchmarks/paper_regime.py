@@ -13,8 +13,8 @@
 :data:`STEPS` steps, every row the same rollout budget): GRPO and RLOO at a fixed rate by half-decades
 (:data:`FIXED_RATES`), the OBLR-PO baseline at a fixed rate (the same rates: the best one is read off GRPO's
 row afterwards), the SNR rule with the paper's current-batch estimate (``optim.snr_ema=0``) and with the EMA
-default, each over three decades of ``eta_max`` (:data:`ETA_MAX`), and ``auto`` at four initial guesses
-(:data:`AUTO_GUESSES`).
+default, each over three decades of ``eta_max`` (:data:`ETA_MAX`), with AdamW also ``snr_adam`` (oblr's rule
+for Adam, the EMA default) over the same decades, and ``auto`` at four initial guesses (:data:`AUTO_GUESSES`).
 
 ``nsweep`` reads the runs of ``configs/paper-regime/n-sweep-arithmetic.yaml`` (the SNR rule at N = 16, 32, 64,
 128 prompts per step, the same rollout budget N x steps, the current-batch rule and the EMA default, one seed)
@@ -84,6 +84,11 @@ def grid(task: str, optimizer: str, steps: int = STEPS, seeds: list[int] | None 
             runs.append(_row(f"oblr-snr-{tag}", optimizer, eta, **{"algorithm.baseline": "oblr",
                                                                     "algorithm.lr_schedule": "snr",
                                                                     "optim.snr_ema": ema}))
+    if optimizer == "adamw":  # oblr's own rule for Adam (issue 38 item 3): the EMA default over the same decades
+        for eta in ETA_MAX[optimizer]:
+            runs.append(_row("oblr-snradam-ema", optimizer, eta, **{"algorithm.baseline": "oblr",
+                                                                     "algorithm.lr_schedule": "snr_adam",
+                                                                     "optim.snr_ema": 0.9}))
     for guess in AUTO_GUESSES[optimizer]:
         runs.append(_row("oblr-auto", optimizer, guess, **{"algorithm.baseline": "oblr",
                                                             "algorithm.lr_schedule": "auto"}))

@@ -112,6 +112,10 @@ def validate(cfg: Config) -> None:
         if (getattr(SCHEDULES.get(a.lr_schedule), "needs_snr", False) or a.track_snr) and r.prompts_per_step < 2:
             bad("rollout.prompts_per_step", "S and V (SNR schedule, algorithm.track_snr) estimate the noise across "
                 "prompts; the step needs at least 2 prompts")
+        fits = getattr(SCHEDULES.get(a.lr_schedule), "optimizers", None)
+        if fits is not None and o.optimizer not in fits:
+            bad("algorithm.lr_schedule", f"{a.lr_schedule!r} is derived for optim.optimizer {' or '.join(fits)}, "
+                f"got {o.optimizer!r}" + getattr(SCHEDULES.get(a.lr_schedule), "instead", ""))
     if o.eta_min > o.lr and not Range().problem(o.eta_min):
         bad("optim.eta_min", f"must be in [0, optim.lr = {o.lr:g}], got {o.eta_min:g}")
     if not (len(o.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1

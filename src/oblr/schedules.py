@@ -7,7 +7,9 @@ compute the statistics), ``get_last_lr()``, ``metrics()``, ``state_dict()`` and 
 The trainer never branches on the schedule's name. The warm-up, the step counter, setting the param
 groups' lr and the shared state live once in :class:`oblr.lr_control.LRController`, which every built-in
 controller subclasses (:class:`SNRSchedule` adapts :class:`~oblr.snr.SNRLearningRate`, one of them). Registered: ``snr`` (OBLR-PO, :class:`SNRSchedule`
-over :class:`oblr.snr.SNRLearningRate`), ``constant``, ``cosine`` (with linear warm-up), and ``auto``
+over :class:`oblr.snr.SNRLearningRate`), ``snr_adam`` (the same factor for an Adam-family step, counting its
+momentum's averaging: :class:`oblr.snr.AdamSNRLearningRate`; Adam-family optimizers only, the
+``optimizers`` attribute), ``constant``, ``cosine`` (with linear warm-up), and ``auto``
 (the measured step scale, :mod:`oblr.step_scale`, registered when that module is imported at the end).
 """
 
@@ -18,7 +20,7 @@ import math
 
 from oblr.lr_control import LRController, warmup_factor
 from oblr.registry import Registry
-from oblr.snr import SNRLearningRate, SNRStats
+from oblr.snr import AdamSNRLearningRate, SNRLearningRate, SNRStats
 
 SCHEDULES = Registry("learning-rate schedule", modules=("oblr.step_scale",))  # step_scale registers "auto"
 
@@ -130,3 +132,23 @@ class SNRSchedule:
 
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state)
+
+
+@register_schedule("snr_adam")
+class AdamSNRSchedule(SNRSchedule):
+    """OBLR-PO's factor for an Adam-family optimizer: lr = eta_max * S / (S + kappa_k V/n), kappa_k the
+    share of one step's gradient noise left in Adam's bias-corrected momentum after k steps
+    (:class:`oblr.snr.AdamSNRLearningRate`). beta1 is read from each param group's ``betas``; an optimizer
+    without them (SGD) is refused: its step has no such average, use ``snr``."""
+
+    #: ``optim.optimizer`` values this schedule is derived for (checked with the config, before a model loads)
+    optimizers = ("adamw",)
+    instead = "; with sgd use lr_schedule=snr"  # what the refusal suggests
+
+    def __init__(self, optimizer, *, lr, eta_min=0.0, warmup_steps=0, total_steps=1, ema=0.0):
+        groups = optimizer.param_groups
+        if any("betas" not in g for g in groups):
+            raise ValueError(f"the snr_adam schedule needs an Adam-family optimizer (param groups with betas), "
+                             f"got {type(optimizer).__name__}; with SGD use lr_schedule=snr")
+        self.inner = AdamSNRLearningRate(optimizer, eta_max=lr, beta1=[g["betas"][0] for g in groups],
+                                         eta_min=eta_min, ema=ema, warmup_steps=warmup_steps)

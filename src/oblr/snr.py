@@ -139,6 +139,25 @@ def snr_factor(S: float, V: float, n: int) -> float:
     return S / den if den > 0 else 0.0
 
 
+def momentum_noise_share(beta1: float, k: int) -> float:
+    """kappa_k: the variance of Adam's bias-corrected first moment after k steps, as a share of one step's
+    gradient variance, for independent gradients of equal variance.
+
+    ``mhat_k = (1 - b)/(1 - b^k) sum_{j<k} b^j g_{k-j}`` weighs the last k gradients, so its variance is
+    ``sum_j w_j^2 = (1 - b)(1 + b^k) / ((1 + b)(1 - b^k))`` times one gradient's: 1 at k = 1 (and for
+    b = 0, no momentum), falling to ``(1 - b)/(1 + b)`` (0.053 at b = 0.9) as k grows. The step applies the
+    average of about ``1/kappa`` gradients, so its noise is that of ``N / kappa`` prompts.
+    """
+    if not (0.0 <= beta1 < 1.0):
+        raise ValueError(f"beta1 must be in [0, 1), got {beta1}")
+    if int(k) != k or k < 1:
+        raise ValueError(f"k (optimizer steps including this one) must be a positive integer, got {k}")
+    if beta1 == 0.0:
+        return 1.0
+    bk = beta1 ** int(k)
+    return (1.0 - beta1) * (1.0 + bk) / ((1.0 + beta1) * (1.0 - bk))
+
+
 def snr_metrics(S: float, V: float, n: int) -> dict[str, float]:
     """``snr/{S,V,snr,n_snr,factor}`` for logging (floats), with the module's conventions for V <= 0."""
     import torch
@@ -224,12 +243,17 @@ class SNRLearningRate(LRController):
             return self.get_last_lr()
         S, V = self._smooth(S, V, self.t + 1)  # average the unclamped estimates, clamp the averages
         S, V = max(S, 0.0), max(V, 0.0)
-        factor = snr_factor(S, V, int(n))
+        factors = [snr_factor(S, share * V, int(n)) for share in self.noise_shares(self.t + 1)]
         warm = self.warmup()
-        self._apply([warm * max(self.eta_min, e * factor) for e in self.eta_max])
+        self._apply([warm * max(self.eta_min, e * f) for e, f in zip(self.eta_max, factors)])
         self.t += 1
-        self.last_S, self.last_V, self.last_n, self.last_factor = S, V, int(n), factor
+        self.last_S, self.last_V, self.last_n, self.last_factor = S, V, int(n), factors[0]
         return self.get_last_lr()
+
+    def noise_shares(self, k: int) -> list[float]:
+        """The share of V that the k-th update's step carries, one per param group: 1 here (the paper's
+        rule, one step's gradient); :class:`AdamSNRLearningRate` counts the momentum's averaging."""
+        return [1.0] * len(self.eta_max)
 
     def metrics(self) -> dict[str, float]:
         """``snr/{S,V,snr,n_snr,factor,lr,skipped}`` (S, V after smoothing; before the first accepted
@@ -237,8 +261,44 @@ class SNRLearningRate(LRController):
         m = {**super().metrics(), "snr/skipped": float(self.n_skipped)}
         if self.last_factor is not None:
             m.update(snr_metrics(self.last_S, self.last_V, self.last_n))
+            m["snr/factor"] = self.last_factor  # the applied factor (the first param group's)
         return m
 
     COUNTER_KEY, LAST_KEY = "steps", "last_lr"  # this controller's checkpoint format (oblr.lr_control)
     _STATE = ("eta_max", "eta_min", "ema", "warmup_steps", "n_skipped", "_s_avg", "_v_avg",
               "last_S", "last_V", "last_n", "last_factor")
+
+
+class AdamSNRLearningRate(SNRLearningRate):
+    """``snr_adam``: OBLR-PO's factor for an Adam-family step, ``S / (S + kappa_k V / n)`` with kappa_k =
+    :func:`momentum_noise_share` of each param group's beta1 at the k-th update (docs/algorithm.md).
+
+    Adam applies ``mhat / (sqrt(vhat) + eps)``: the bias-corrected average of the last ~1/kappa gradients,
+    so the noise of the step it takes is kappa_k V / n, not the V / n of one step's gradient that the paper's
+    rule (derived for SGD) charges. With ``beta1 = 0`` every kappa is 1 and the rule is
+    :class:`SNRLearningRate` exactly. Everything else (``eta_max``, ``eta_min``, the EMA of the unclamped
+    estimates, warm-up, skipped steps) is the parent's. ``beta1``: one number, or one per param group.
+    """
+
+    _STATE = SNRLearningRate._STATE + ("beta1",)
+
+    def __init__(self, optimizer, eta_max=None, *, beta1, eta_min: float = 0.0, ema: float = 0.0,
+                 warmup_steps: int = 0):
+        super().__init__(optimizer, eta_max, eta_min=eta_min, ema=ema, warmup_steps=warmup_steps)
+        n = len(self.eta_max)
+        beta1 = [float(b) for b in beta1] if isinstance(beta1, (list, tuple)) else [float(beta1)] * n
+        if len(beta1) != n:
+            raise ValueError(f"beta1 has {len(beta1)} entries for {n} param groups")
+        for b in beta1:
+            momentum_noise_share(b, 1)  # range check
+        self.beta1 = beta1
+
+    def noise_shares(self, k: int) -> list[float]:
+        return [momentum_noise_share(b, k) for b in self.beta1]
+
+    def metrics(self) -> dict[str, float]:
+        """The parent's, plus ``snr/n_eff``: the prompts whose noise the step carries, n / kappa (first group)."""
+        m = super().metrics()
+        if self.last_factor is not None:
+            m["snr/n_eff"] = self.last_n / momentum_noise_share(self.beta1[0], self.t)
+        return m

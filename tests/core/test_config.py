@@ -40,6 +40,9 @@ def test_int_is_accepted_for_float():
     (["nosection.x=1"], "unknown config key 'nosection'"),
     (["optim.lr"], "is not of the form section.key=value"),
     (["rollout.prompts_per_step=1"], "needs at least 2 prompts"),
+    (["algorithm.lr_schedule=snr_adam", "optim.optimizer=sgd"],
+     "config key 'algorithm.lr_schedule': 'snr_adam' is derived for optim.optimizer adamw, got 'sgd'; with sgd use "
+     "lr_schedule=snr"),
 ])
 def test_bad_config_messages_name_the_key(override, needle):
     with pytest.raises(ConfigError) as e:

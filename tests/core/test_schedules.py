@@ -23,8 +23,9 @@ def _stats(seed: int, n: int = 4):
 
 
 def test_registry_names_and_unknown_name():
-    assert available_schedules() == SCHEDULES.names() == ["auto", "constant", "cosine", "snr"]
-    with pytest.raises(ValueError, match="unknown learning-rate schedule 'linear'; registered: auto, constant, cosine, snr"):
+    assert available_schedules() == SCHEDULES.names() == ["auto", "constant", "cosine", "snr", "snr_adam"]
+    with pytest.raises(ValueError, match="unknown learning-rate schedule 'linear'; registered: auto, constant, cosine, "
+                                         "snr, snr_adam"):
         make_lr_controller("linear", _opt(), lr=1e-3)
     with pytest.raises(ValueError, match="already registered"):
         register_schedule("snr")(object)
@@ -182,3 +183,53 @@ def test_snr_schedule_with_warmup_and_a_binding_floor_by_hand():
     assert got[0] > 0.25 * 0.05 and got[3] > 0.05  # above it elsewhere
     other = _snr_by_hand(rows, eta_max=0.5, eta_min=0.05, warmup=4, ema=0.5, floor_first=False)
     assert abs(other[1] / want[1] - 1) > 0.5
+
+
+def _adamw(lrs=(0.5,), betas=((0.9, 0.999),)):
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(2))], "lr": lr, "betas": b} for lr, b in zip(lrs, betas)]
+    return torch.optim.AdamW(groups)
+
+
+def test_snr_adam_counts_each_groups_momentum_and_refuses_sgd():
+    """lr_k = eta_max * S / (S + kappa_k(beta1) V/n) per param group (EMA on, two groups with different
+    beta1), kappa_k from the group's betas; an optimizer without betas is refused in one line."""
+    from oblr.snr import momentum_noise_share
+
+    opt = _adamw(lrs=(0.5, 0.5), betas=((0.9, 0.999), (0.5, 0.99)))
+    ctl = make_lr_controller("snr_adam", opt, lr=0.2, ema=0.5)
+    assert ctl.needs_snr
+    s_avg = v_avg = 0.0
+    for k in range(1, 6):
+        st = _stats(k)
+        ctl.step(st)
+        s_avg, v_avg = 0.5 * s_avg + 0.5 * float(st.signal), 0.5 * v_avg + 0.5 * float(st.V)
+        S, V = max(s_avg / (1 - 0.5**k), 0.0), max(v_avg / (1 - 0.5**k), 0.0)
+        want = [0.2 * snr_factor(S, momentum_noise_share(b, k) * V, st.n) for b in (0.9, 0.5)]
+        assert ctl.get_last_lr() == pytest.approx(want, rel=1e-12)
+        assert [g["lr"] for g in opt.param_groups] == ctl.get_last_lr()
+        m = ctl.metrics()
+        assert m["snr/factor"] == pytest.approx(want[0] / 0.2, rel=1e-12)
+        assert m["snr/n_eff"] == pytest.approx(st.n / momentum_noise_share(0.9, k), rel=1e-12)
+    assert momentum_noise_share(0.9, 5) < 1 and ctl.get_last_lr()[0] > 0.2 * snr_factor(S, V, st.n)
+    with pytest.raises(ValueError, match="needs an Adam-family optimizer .* got SGD; with SGD use lr_schedule=snr"):
+        make_lr_controller("snr_adam", _opt(), lr=0.2)
+
+
+def test_snr_adam_state_dict_round_trip_continues_the_sequence():
+    kw = dict(lr=0.3, eta_min=0.01, warmup_steps=2, total_steps=8, ema=0.5)
+    straight = make_lr_controller("snr_adam", _adamw(), **kw)
+    for t in range(4):
+        straight.step(_stats(t))
+    state = straight.state_dict()
+    assert state["beta1"] == [0.9]
+    opt = _adamw(lrs=(123.0,))
+    resumed = make_lr_controller("snr_adam", opt, **kw)
+    resumed.load_state_dict(state)
+    assert resumed.get_last_lr() == straight.get_last_lr() and opt.param_groups[0]["lr"] == straight.get_last_lr()[0]
+    for t in range(4, 7):
+        straight.step(_stats(t))
+        resumed.step(_stats(t))
+        assert resumed.get_last_lr() == straight.get_last_lr()
+        assert resumed.metrics() == straight.metrics()
+    with pytest.raises(ValueError, match="missing keys \\['beta1'\\]"):  # an snr checkpoint is not snr_adam's
+        make_lr_controller("snr_adam", _adamw(), **kw).load_state_dict(make_lr_controller("snr", _opt(), **kw).state_dict())

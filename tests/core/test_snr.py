@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from oblr.snr import SNRLearningRate, signal_noise, signal_noise_from_microbatches, snr_factor, snr_statistics
+from oblr.snr import (AdamSNRLearningRate, SNRLearningRate, momentum_noise_share, signal_noise,
+                      signal_noise_from_microbatches, snr_factor, snr_statistics)
 
 D = torch.float64
 
@@ -266,3 +267,80 @@ def test_zero_statistics_step_with_and_without_ema_history():
     for _ in range(3):
         ctl.step(0.0, 0.0, 4)
         assert ctl.last_factor == pytest.approx(before, rel=1e-12) and ctl.get_last_lr()[0] == pytest.approx(before)
+
+
+@pytest.mark.parametrize("beta1", [0.0, 0.5, 0.9, 0.99])
+def test_momentum_noise_share_is_the_variance_of_adams_bias_corrected_first_moment(beta1):
+    """Slow reference: torch's AdamW itself. A parameter of k coordinates receives the gradient e_s (one-hot)
+    at step s, so after k steps exp_avg / (1 - beta1^k) holds the weight of each step's gradient in mhat_k:
+    the weights sum to 1 (mhat is unbiased) and their squares sum to kappa_k."""
+    for k in (1, 2, 3, 7, 30):
+        p = torch.nn.Parameter(torch.zeros(k, dtype=torch.float64))
+        opt = torch.optim.AdamW([p], lr=0.0, betas=(beta1, 0.999), weight_decay=0.0)
+        for s in range(k):
+            p.grad = torch.nn.functional.one_hot(torch.tensor(s), k).double()
+            opt.step()
+        w = opt.state[p]["exp_avg"] / (1 - beta1**k)
+        assert float(w.sum()) == pytest.approx(1.0, rel=1e-12)
+        assert momentum_noise_share(beta1, k) == pytest.approx(float((w**2).sum()), rel=1e-12)
+    assert momentum_noise_share(0.9, 10_000) == pytest.approx(0.1 / 1.9, rel=1e-12)
+    with pytest.raises(ValueError, match="beta1 must be in"):
+        momentum_noise_share(1.0, 3)
+    with pytest.raises(ValueError, match="positive integer"):
+        momentum_noise_share(0.9, 0)
+
+
+def test_adam_rule_without_momentum_is_the_papers_rule_exactly():
+    """beta1 = 0 (kappa = 1): every lr and metric of AdamSNRLearningRate equals SNRLearningRate's, bit for
+    bit, with the EMA, warm-up and a binding floor on; with beta1 = 0.9 the lr is larger from step 2 on."""
+    gen = torch.Generator().manual_seed(3)
+    kw = dict(eta_min=0.01, ema=0.7, warmup_steps=3)
+    paper, adam0, adam9 = (SNRLearningRate(make_opt(), 0.5, **kw), AdamSNRLearningRate(make_opt(), 0.5, beta1=0.0, **kw),
+                           AdamSNRLearningRate(make_opt(), 0.5, beta1=0.9, **kw))
+    for k in range(1, 12):
+        signal, V = float(torch.randn((), generator=gen)) + 0.2, 1.0 + float(torch.rand((), generator=gen))
+        lr = paper.step(signal, V, 8)
+        assert adam0.step(signal, V, 8) == lr
+        lr9 = adam9.step(signal, V, 8)
+        m = adam0.metrics()
+        assert {key: m[key] for key in paper.metrics()} == paper.metrics()
+        if k > 1 and paper.last_S > 0:
+            assert lr9[0] > lr[0] or lr[0] == 0.01 * min(1, k / 3)
+
+
+def _momentum_decrease(eta, grad_sq, tr, n, kappa):
+    """Expected decrease of f = L/2 |theta|^2 from theta = grad/L by the step -eta mhat, E mhat = grad,
+    Cov mhat = kappa Sigma / n: eta |grad|^2 - L/2 eta^2 (|grad|^2 + kappa tr / n)."""
+    return eta * grad_sq - L_SMOOTH / 2 * eta**2 * (grad_sq + kappa * tr / n)
+
+
+def test_adam_rule_maximises_the_expected_decrease_of_a_momentum_step():
+    """Monte Carlo over mhat built with Adam's own weights from k noisy gradients at one point: the step
+    eta_max S/(S + kappa_k V/n) (eta_max = 1/L, exact S and V) decreases f as much as the best of a fine grid
+    of fixed steps (within the Monte Carlo error), and more than the paper's rule, which charges the noise
+    of one step's gradient, in noise-dominated states."""
+    gen = torch.Generator().manual_seed(0)
+    d, n, k, beta1, trials = 40, 8, 20, 0.9, 4000
+    w = torch.tensor([(1 - beta1) * beta1**j for j in range(k)], dtype=D) / (1 - beta1**k)
+    kappa = momentum_noise_share(beta1, k)
+    assert float((w**2).sum()) == pytest.approx(kappa, rel=1e-12)
+    tr = d * SIGMA**2
+    for n_snr in (0.05, 0.3, 1.0):
+        grad = torch.full((d,), math.sqrt(n_snr * tr / n / d), dtype=D)
+        theta = grad / L_SMOOTH
+        g = grad + SIGMA / math.sqrt(n) * torch.randn(trials, k, d, generator=gen, dtype=D)  # step means
+        mhat = torch.einsum("j,tjd->td", w, g)
+
+        def mc(eta):
+            new = theta - eta * mhat
+            return float((L_SMOOTH / 2 * (theta @ theta - (new * new).sum(-1))).mean())
+
+        grad_sq = float(grad @ grad)
+        eta_adam = snr_factor(grad_sq, kappa * tr, n) / L_SMOOTH
+        eta_paper = snr_factor(grad_sq, tr, n) / L_SMOOTH
+        grid = [i / (40 * L_SMOOTH) for i in range(1, 61)]
+        best = max(_momentum_decrease(e, grad_sq, tr, n, kappa) for e in grid)
+        assert _momentum_decrease(eta_adam, grad_sq, tr, n, kappa) >= best - 1e-12
+        se = 4 * float((L_SMOOTH / 2 * (theta @ theta - ((theta - eta_adam * mhat) ** 2).sum(-1))).std()) / trials**0.5
+        assert abs(mc(eta_adam) - _momentum_decrease(eta_adam, grad_sq, tr, n, kappa)) < se
+        assert mc(eta_adam) > mc(eta_paper) + se

@@ -99,12 +99,22 @@ def _killed_run(model, out: Path, strategy: str, kill_rank: int, *extra: str) ->
 
 
 def test_ddp_killed_rank_stops_the_run_and_resume_gives_the_uninterrupted_trajectory(small_builtin, tmp_path):
+    """With the snr_adam schedule (its momentum count is state the resume must restore): the lr of every step
+    is 3e-3 x S / (S + kappa_k V / N) from the logged (smoothed) S and V, kappa_k of AdamW's beta1 0.9."""
+    from oblr.snr import momentum_noise_share
+
     killed, straight = tmp_path / "killed", tmp_path / "straight"
-    k = _killed_run(small_builtin, killed, "ddp", kill_rank=1)
+    common = [*COMMON, "algorithm.lr_schedule=snr_adam"]
+    k = _killed_run(small_builtin, killed, "ddp", 1, *common[len(COMMON):])
     # the run folder resumes (same world size), and an uninterrupted 2-process run gives the same trajectory
-    _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *COMMON) + ["--resume"]))
-    _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *COMMON)))  # --nproc 2: ddp
-    assert_same_trajectory(killed, straight, k + 2, COMPARED)
+    _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *common) + ["--resume"]))
+    _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *common)))  # --nproc 2: ddp
+    assert_same_trajectory(killed, straight, k + 2, (*COMPARED, "snr/n_eff", "snr/factor"))
+    for step, r in train_rows(straight).items():
+        kappa = momentum_noise_share(0.9, step)
+        assert r["snr/n_eff"] == pytest.approx(2 / kappa, rel=1e-12)
+        assert r["optim/lr"] == pytest.approx(3e-3 * r["snr/S"] / (r["snr/S"] + kappa * r["snr/V"] / 2), rel=1e-9)
+    assert any(r["snr/S"] > 0 for r in train_rows(straight).values())
     # one metrics file, written by rank 0 (rows without duplicates: train_rows would hide them)
     assert _metrics_files(straight) == _metrics_files(killed) == ["metrics.jsonl"]
     lines = (straight / "metrics.jsonl").read_text().splitlines()

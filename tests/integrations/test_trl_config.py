@@ -45,6 +45,7 @@ BAD = {
     "oblr_snr_ema": dict(oblr_snr_ema=1.0),
     "oblr_eta_min": dict(oblr_eta_min=-1.0),
     "oblr_lr_schedule": dict(oblr_lr_schedule="cosine"),
+    "optim": dict(oblr_lr_schedule="snr_adam", optim="sgd"),
     "oblr_schedule_options": dict(oblr_lr_schedule="auto", oblr_schedule_options={"max_chnage": 2.0}),
     "learning_rate": dict(learning_rate=float("inf")),
     "oblr_checkpointed_engine": dict(activation_checkpointing=True, oblr_checkpointed_engine="one_pass"),

@@ -41,7 +41,7 @@ class ScheduleSnapshots(TrainerCallback):
 
 def _run(trl_model, out_dir, schedule: str, resume_from=None):
     model, tok = load_model_and_tokenizer(trl_model)
-    kw = dict(learning_rate=ETA_MAX, oblr_snr_ema=EMA) if schedule == "snr" else dict(
+    kw = dict(learning_rate=ETA_MAX, oblr_snr_ema=EMA, oblr_lr_schedule=schedule) if schedule != "auto" else dict(
         learning_rate=0.05, oblr_lr_schedule="auto",
         oblr_schedule_options={"max_change": 3.0, "probe": 1.0, "scale_ema": 0.5})
     trainer = make_trainer(model, tok, out_dir, reward=noisy_reward, per_device_train_batch_size=ROWS,
@@ -66,20 +66,22 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def _snr_lrs_by_hand(rows: list[dict], n: int) -> list[float]:
-    """lr_k = min(1, k/W) eta_max S/(S + V/n) from the logged unclamped signal and V (bias-corrected EMA,
-    clamped after averaging), written from the formula."""
+def _snr_lrs_by_hand(rows: list[dict], n: int, beta1: float | None = None) -> list[float]:
+    """lr_k = min(1, k/W) eta_max S/(S + kappa_k V/n) from the logged unclamped signal and V (bias-corrected
+    EMA, clamped after averaging), written from the formula: kappa_k = 1 (snr), or the variance share of Adam's
+    bias-corrected momentum after k steps, (1-b)(1+b^k)/((1+b)(1-b^k)) (snr_adam, b = beta1)."""
     s_avg = v_avg = 0.0
     out = []
     for k, r in enumerate(rows, start=1):
         s_avg = EMA * s_avg + (1 - EMA) * r["oblr/signal"]
         v_avg = EMA * v_avg + (1 - EMA) * r["oblr/V"]
         S, V = max(s_avg / (1 - EMA**k), 0.0), max(v_avg / (1 - EMA**k), 0.0)
-        out.append(min(1.0, k / WARMUP) * (ETA_MAX * S / (S + V / n) if S + V / n > 0 else 0.0))
+        kappa = 1.0 if beta1 is None else (1 - beta1) * (1 + beta1**k) / ((1 + beta1) * (1 - beta1**k))
+        out.append(min(1.0, k / WARMUP) * (ETA_MAX * S / (S + kappa * V / n) if S + V / n > 0 else 0.0))
     return out
 
 
-@pytest.mark.parametrize("schedule", ["snr", "auto"])
+@pytest.mark.parametrize("schedule", ["snr", "snr_adam", "auto"])
 def test_resumed_trainer_continues_the_schedule_of_the_uninterrupted_run(trl_model, tmp_path, schedule):
     straight, snaps, rows = _run(trl_model, tmp_path / "straight", schedule)
     assert sorted(rows) == list(range(1, STEPS + 1))
@@ -98,9 +100,13 @@ def test_resumed_trainer_continues_the_schedule_of_the_uninterrupted_run(trl_mod
     ctl, rctl = straight.lr_scheduler.controller, resumed.lr_scheduler.controller
     assert rctl.get_last_lr() == pytest.approx(ctl.get_last_lr(), rel=1e-9)
     lrs = [rows[s]["oblr/lr"] for s in range(1, STEPS + 1)]
-    if schedule == "snr":
+    if schedule != "auto":
         n = ROWS // G
-        assert lrs == pytest.approx(_snr_lrs_by_hand([rows[s] for s in range(1, STEPS + 1)], n), rel=1e-9, abs=1e-15)
+        beta1 = straight.args.adam_beta1 if schedule == "snr_adam" else None
+        assert lrs == pytest.approx(_snr_lrs_by_hand([rows[s] for s in range(1, STEPS + 1)], n, beta1), rel=1e-9,
+                                    abs=1e-15)
+        if schedule == "snr_adam":  # the momentum's count moved the lr off the paper's rule
+            assert lrs[1:] != pytest.approx(_snr_lrs_by_hand([rows[s] for s in range(1, STEPS + 1)], n), rel=1e-3)
         assert ctl.inner.steps == rctl.inner.steps == STEPS
         assert rctl.inner.state_dict()["s_avg"] == pytest.approx(ctl.inner.state_dict()["s_avg"], rel=1e-9)
     else:

@@ -35,6 +35,8 @@ def test_grid_rows_are_the_studys_rows_in_the_papers_regime(optimizer):
     snr = [r for r in g["runs"] if r["algorithm.lr_schedule"] == "snr"]
     assert sorted({r["optim.snr_ema"] for r in snr}) == [0.0, 0.9] and len(snr) == 2 * len(etas)
     assert len([r for r in g["runs"] if r["algorithm.lr_schedule"] == "auto"]) == 4
+    adam = [r["optim.lr"] for r in g["runs"] if r["algorithm.lr_schedule"] == "snr_adam"]
+    assert adam == (etas if optimizer == "adamw" else [])  # oblr's rule for Adam: AdamW only, the same decades
     for base in ("grpo", "rloo", "oblr"):
         assert sorted(r["optim.lr"] for r in g["runs"] if r["algorithm.baseline"] == base
                       and r["algorithm.lr_schedule"] == "constant") == fixed
@@ -43,7 +45,7 @@ def test_grid_rows_are_the_studys_rows_in_the_papers_regime(optimizer):
 def test_a_grid_row_is_a_valid_config(tmp_path):
     from oblr.experiments.grid import grid_from_dict
 
-    g = pr.grid("arithmetic", "sgd", steps=5, seeds=[0])
+    g = pr.grid("arithmetic", "adamw", steps=5, seeds=[0])  # every schedule of the grids (snr_adam: AdamW only)
     grid = grid_from_dict(json.loads(json.dumps(g)))
     assert len(grid.variants) == len(g["runs"])
     path = tmp_path / "g.yaml"

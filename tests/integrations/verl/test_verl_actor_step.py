@@ -41,7 +41,7 @@ def assert_stats_close(got: dict, ref: dict) -> None:
     assert abs(got["lr"] - ref["lr"]) <= TOL * h.LR, ("lr", got["lr"], ref["lr"])
 
 
-@pytest.mark.parametrize("schedule", ["snr", "auto"])
+@pytest.mark.parametrize("schedule", ["snr", "snr_adam", "auto"])
 def test_verl_step_equals_oblrs_native_step(schedule):
     (m1, o1, c1), (m2, eng, lr2) = h.pair(schedule)
     for step in range(2):

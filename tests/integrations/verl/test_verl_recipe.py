@@ -190,7 +190,7 @@ def _run_steps(engine, lr, model, steps) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("schedule", ["snr", "auto"])
+@pytest.mark.parametrize("schedule", ["snr", "snr_adam", "auto"])
 def test_the_schedules_state_travels_with_the_engines_checkpoint(config, tmp_path, schedule):
     """A run saved after 4 steps and resumed from verl's checkpoint folder sets the same lrs (and weights) as
     the run that went on, with the EMA on; resumed without the oblr state file it does not (and says so)."""

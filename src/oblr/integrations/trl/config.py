@@ -11,7 +11,9 @@ Added fields (everything else is TRL's, used exactly as in ``GRPOConfig``):
   ``lr = learning_rate * S / (S + V/N)`` (``learning_rate`` is eta_max), :class:`oblr.snr.SNRLearningRate`;
 - ``oblr_eta_min`` (default 0) and ``oblr_snr_ema`` (default 0.9): the lr floor and the EMA factor on S and V;
 - ``oblr_lr_schedule`` (default ``"snr"``): the schedule oblr applies when ``oblr_snr_lr`` is True, ``snr`` (the
-  paper's rule, ``learning_rate`` is eta_max) or ``auto`` (the measured step scale of :mod:`oblr.step_scale`,
+  paper's rule, ``learning_rate`` is eta_max), ``snr_adam`` (the same factor counting Adam's momentum,
+  :class:`oblr.snr.AdamSNRLearningRate`; Adam-family ``optim`` only) or ``auto`` (the measured step scale of
+  :mod:`oblr.step_scale`,
   ``learning_rate`` is its initial guess; ``learning_rate="auto"`` selects it with the guess 1e-3);
   ``oblr_schedule_options``: that schedule's own options (``auto``: max_change, scale_ema, probe, confidence).
   The same schedule objects as ``oblr train`` (:mod:`oblr.schedules`), fed the same unclamped statistics.
@@ -53,8 +55,8 @@ from oblr.estimators import available_estimators
 from oblr.gradnorm.methods import CHECKPOINTED_ENGINES
 from oblr.schedules import check_schedule_options, schedule_options
 
-#: schedules oblr can apply inside TRL (both need the step's S and V); others are TRL's own lr_scheduler_type
-TRL_SCHEDULES = ("snr", "auto")
+#: schedules oblr can apply inside TRL (all need the step's S and V); others are TRL's own lr_scheduler_type
+TRL_SCHEDULES = ("snr", "snr_adam", "auto")
 #: GRPOConfig's learning_rate default (what an unset learning_rate means)
 TRL_DEFAULT_LR = next(f.default for f in fields(GRPOConfig) if f.name == "learning_rate")
 #: the initial guess of the auto schedule when ``learning_rate="auto"`` (oblr train's default optim.lr)
@@ -165,8 +167,12 @@ RULES: tuple[Rule, ...] = (
     Rule("oblr_baseline", lambda c: c.oblr_baseline in available_estimators(),
          f"one of {', '.join(available_estimators())}", "it is not a registered estimator"),
     Rule("oblr_snr_ema", lambda c: 0.0 <= c.oblr_snr_ema < 1.0, "a value in [0, 1)", "it is an EMA factor"),
-    Rule("oblr_lr_schedule", lambda c: c.oblr_lr_schedule in TRL_SCHEDULES, "oblr_lr_schedule='snr' or 'auto' "
+    Rule("oblr_lr_schedule", lambda c: c.oblr_lr_schedule in TRL_SCHEDULES, "oblr_lr_schedule='snr', 'snr_adam' or 'auto' "
          "(fixed schedules: oblr_snr_lr=False and TRL's lr_scheduler_type)", "it is not a schedule oblr applies in TRL"),
+    Rule("optim", lambda c: not c.oblr_snr_lr or c.oblr_lr_schedule != "snr_adam"
+         or "adam" in str(getattr(c.optim, "value", c.optim)).lower(),
+         "an Adam-family optim (adamw_torch, ...) with oblr_lr_schedule='snr_adam' (or oblr_lr_schedule='snr')",
+         "snr_adam counts Adam's momentum, which this optimizer does not have"),
     Rule("oblr_schedule_options", lambda c: c.oblr_lr_schedule not in TRL_SCHEDULES
          or check_schedule_options(c.oblr_lr_schedule, c.oblr_schedule_options or {}) is None,
          "the chosen schedule's own options (" + "; ".join(f"{n}: {', '.join(schedule_options(n)) or 'none'}"
@@ -237,7 +243,8 @@ class OBLRGRPOConfig(GRPOConfig):
     oblr_snr_ema: float = field(default=0.9, metadata={
         "help": "EMA factor on S and V (0 = current batch only, as in the paper)"})
     oblr_lr_schedule: str = field(default="snr", metadata={
-        "help": "snr: learning_rate x S / (S + V/N) (learning_rate is eta_max); auto: the measured step scale "
+        "help": "snr: learning_rate x S / (S + V/N) (learning_rate is eta_max); snr_adam: the same with V counted "
+                "after Adam's momentum (S / (S + kappa V/N)); auto: the measured step scale "
                 "(learning_rate is the initial guess; not the paper's rule)"})
     oblr_schedule_options: dict = field(default_factory=dict, metadata={
         "help": "options of oblr_lr_schedule (auto: max_change, scale_ema, probe, confidence)"})
@@ -271,7 +278,7 @@ class OBLRGRPOConfig(GRPOConfig):
         msg = refusal(self)
         if msg is not None:
             raise ValueError(msg)
-        if self.oblr_snr_lr and self.oblr_lr_schedule == "snr" and self.learning_rate == TRL_DEFAULT_LR:
+        if self.oblr_snr_lr and self.oblr_lr_schedule in ("snr", "snr_adam") and self.learning_rate == TRL_DEFAULT_LR:
             warnings.warn(f"OBLRGRPOConfig: learning_rate={TRL_DEFAULT_LR:g} (TRL's default) is the SNR rule's eta_max, "
                           f"the largest lr it can set; set it above the constant rate GRPO would use (docs/trl.md, "
                           f"'Which learning_rate to set') or learning_rate='auto'", UserWarning, stacklevel=2)
