@@ -166,7 +166,7 @@ def _sharded(params) -> bool:
 class ActorLearningRate:
     """oblr's learning-rate schedule on the actor's optimizer, stepped from the norm pass's statistics.
 
-    ``schedule``: a name of :data:`oblr.schedules.SCHEDULES` that needs S and V (``snr``, ``auto``); ``lr``:
+    ``schedule``: a name of :data:`oblr.schedules.SCHEDULES` that needs S and V (``snr``, ``snr_adam``, ``auto``); ``lr``:
     eta_max (``snr``) or the initial guess (``auto``); the rest as :func:`oblr.schedules.make_lr_controller`.
     Per optimizer step: :meth:`set_pending` with the norm pass's ``(gk_sq_sum, n_prompts)``, then
     :meth:`before_step` after the backward (``.grad`` reduced over ranks, not yet clipped) and before

@@ -10,7 +10,7 @@ overrides verl's private ``RayPPOTrainer._compute_old_log_prob`` and subclasses 
 
 - :class:`OBLRActorRolloutRefWorker` (verl's ``ActorRolloutRefWorker``): after ``init_model`` it puts
   :class:`~oblr.integrations.verl.actor.ActorLearningRate` in front of the actor engine's ``optimizer_step``
-  (``oblr.lr_schedule`` ``snr`` or ``auto``, ``eta_max`` = ``actor.optim.lr``), and it has one more
+  (``oblr.lr_schedule`` ``snr``, ``snr_adam`` or ``auto``, ``eta_max`` = ``actor.optim.lr``), and it has one more
   registered method, ``oblr_norm_pass`` (dispatched like ``compute_log_prob``: each data-parallel rank gets
   its contiguous block of rows), which runs :func:`~oblr.integrations.verl.actor.norm_pass` on the actor's
   module and returns each row's advantage A_i (computed there, once per step);
