@@ -9,7 +9,8 @@ step's batch exactly as training would (``N x G`` rollouts, the run's own prompt
 prompt's gradient ``g_k`` by its own backward (``oblr.update.accumulate_policy_gradient`` on that prompt's
 rows, with the whole batch's loss factors). From the ``g_k`` it computes, with :func:`oblr.snr.snr_statistics`
 in both metrics, over ``--batches`` independent batches at the same weights (their signal and V averaged, as
-the EMA default averages over steps), ``N signal / V`` (Euclidean) and ``N signal_D / V_D`` (Adam's), and the
+the EMA default averages over steps), ``N signal / V`` (Euclidean), ``N signal_D / V_D`` (Adam's) and the same with one number per tensor
+(``1/(sqrt(mean vhat) + eps)``: what a per-parameter weight on the engine's norm totals could give), and the
 factors each rule would apply (unclamped ratios; the factors clamp the averaged signal at 0).
 The per-prompt Euclidean norms are checked against the exact-norm engine's ``per_prompt_sq_norms`` of the same
 batch (one backward for all prompts) before anything is reported.
@@ -36,9 +37,11 @@ import torch
 
 
 def adam_denominator(optimizer) -> dict:
-    """``{param: D}`` with ``D = 1/(sqrt(exp_avg_sq / (1 - beta2^step)) + eps)`` from an Adam-family optimizer's
-    state (the denominator of the step it takes next), and the state's step count."""
-    out, steps = {}, set()
+    """``({param: D}, {param: d_p}, steps)``: ``D = 1/(sqrt(exp_avg_sq / (1 - beta2^step)) + eps)`` from an
+    Adam-family optimizer's state (the denominator of the step it takes next), ``d_p = 1/(sqrt(mean_p vhat) + eps)``
+    one number per tensor (a block-constant metric, which per-parameter norm totals could carry), and the
+    state's step count."""
+    out, block, steps = {}, {}, set()
     for group in optimizer.param_groups:
         beta2, eps = group["betas"][1], group["eps"]
         for p in group["params"]:
@@ -50,7 +53,8 @@ def adam_denominator(optimizer) -> dict:
             steps.add(k)
             vhat = st["exp_avg_sq"].double() / (1 - beta2**k)
             out[p] = 1.0 / (vhat.sqrt() + eps)
-    return out, max(steps)
+            block[p] = 1.0 / (float(vhat.mean()) ** 0.5 + eps)  # one number per tensor: its RMS second moment
+    return out, block, max(steps)
 
 
 def rows_of(batch, k0: int, k1: int, group_size: int):
@@ -113,8 +117,9 @@ def measure(run: Path, batches: int = 4) -> dict:
         step = tr.start_step
         N, G = cfg.rollout.prompts_per_step, cfg.rollout.group_size
         params = [p for p in tr.model.parameters() if p.requires_grad]
-        D, adam_steps = adam_denominator(tr.optimizer)
+        D, block, adam_steps = adam_denominator(tr.optimizer)
         weights = [D[p] ** 2 for p in params]
+        block_weights = [torch.full_like(D[p], block[p] ** 2) for p in params]
         settings = dataclasses.replace(tr.settings, need_snr=True, micro_batch_groups=0)
         one = dataclasses.replace(settings, need_snr=False)
         per_batch, worst, seconds, rewards_mean = [], 0.0, 0.0, []
@@ -149,9 +154,12 @@ def measure(run: Path, batches: int = 4) -> dict:
                 raise SystemExit(f"adam_metric_snr: per-prompt norms disagree with the engine's (max rel {rel:.2e})")
             worst = max(worst, rel)
             sq_d, mean_d = metric_statistics(grads, weights)
-            st_e, st_d = snr_statistics(sq_e, mean_e, N), snr_statistics(sq_d, mean_d, N)
+            sq_b, mean_b = metric_statistics(grads, block_weights)
+            st_e, st_d, st_b = (snr_statistics(sq_e, mean_e, N), snr_statistics(sq_d, mean_d, N),
+                                snr_statistics(sq_b, mean_b, N))
             per_batch.append({"signal_euclid": float(st_e.signal), "V_euclid": float(st_e.V),
-                              "signal_adam": float(st_d.signal), "V_adam": float(st_d.V)})
+                              "signal_adam": float(st_d.signal), "V_adam": float(st_d.V),
+                              "signal_block": float(st_b.signal), "V_block": float(st_b.V)})
         mean = {k: sum(r[k] for r in per_batch) / batches for k in per_batch[0]}
         beta1 = tr.optimizer.param_groups[0]["betas"][0]
         kappa = momentum_noise_share(beta1, adam_steps + 1)
@@ -162,27 +170,32 @@ def measure(run: Path, batches: int = 4) -> dict:
                "batches": batches, "reward_mean": sum(rewards_mean) / batches, "per_prompt_seconds": seconds,
                "engine_check_max_rel": worst, "per_batch": per_batch, **mean,
                "nsnr_euclid": _ratio(N, mean["signal_euclid"], V_e), "nsnr_adam": _ratio(N, mean["signal_adam"], V_d),
+               "nsnr_block": _ratio(N, mean["signal_block"], mean["V_block"]),
                "nsnr_euclid_batches": [_ratio(N, r["signal_euclid"], r["V_euclid"]) for r in per_batch],
                "nsnr_adam_batches": [_ratio(N, r["signal_adam"], r["V_adam"]) for r in per_batch],
                "kappa": kappa,
                "factor_snr": snr_factor(S_e, V_e, N), "factor_snr_adam": snr_factor(S_e, kappa * V_e, N),
-               "factor_adam_metric": snr_factor(S_d, kappa * V_d, N)}
+               "factor_adam_metric": snr_factor(S_d, kappa * V_d, N),
+               "factor_block_metric": snr_factor(max(mean["signal_block"], 0.0), kappa * mean["V_block"], N)}
         tr.logger.close() if hasattr(tr.logger, "close") else None
         return rec
 
 
 def table(records: list[dict]) -> str:
     head = ("| run | task | step | reward | N signal / V (Euclidean) | N signal_D / V_D (Adam's metric) | ratio | "
-            "per batch: Euclidean / Adam's | paper's factor | snr_adam's factor | snr_adam's factor in Adam's metric |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "per tensor (RMS vhat) | per batch: Euclidean / Adam's | paper's factor | snr_adam's factor | "
+            "snr_adam's factor in Adam's metric | in the per-tensor metric |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in records:
         ratio = r["nsnr_adam"] / r["nsnr_euclid"] if r["nsnr_euclid"] and r["nsnr_euclid"] > 0 else math.nan
         lines.append(f"| {r['run']} | {r['task']} | {r['step']} | "
                      f"{r['reward_mean']:.3f} | {r['nsnr_euclid']:.3g} | {r['nsnr_adam']:.3g} | {ratio:.3g} | "
+                     f"{r['nsnr_block']:.3g} | "
                      f"{' '.join(f'{x:.2g}' for x in r['nsnr_euclid_batches'])} / "
                      f"{' '.join(f'{x:.2g}' for x in r['nsnr_adam_batches'])} | "
-                     f"{r['factor_snr']:.3f} | {r['factor_snr_adam']:.3f} | {r['factor_adam_metric']:.3f} |")
+                     f"{r['factor_snr']:.3f} | {r['factor_snr_adam']:.3f} | {r['factor_adam_metric']:.3f} | "
+                     f"{r['factor_block_metric']:.3f} |")
     return head + "\n".join(lines) + "\n"
 
 

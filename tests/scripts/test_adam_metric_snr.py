@@ -23,11 +23,12 @@ def test_adam_denominator_is_the_step_adamw_takes_next():
     for _ in range(3):
         p.grad = torch.randn(5, generator=gen, dtype=torch.float64)
         opt.step()
-    D, steps = am.adam_denominator(opt)
+    D, block, steps = am.adam_denominator(opt)
     st = opt.state[p]
     assert steps == 3
     want = 1 / ((st["exp_avg_sq"] / (1 - 0.99**3)).sqrt() + 1e-6)
     assert torch.allclose(D[p], want, rtol=1e-12)
+    assert block[p] == pytest.approx(1 / (float((st["exp_avg_sq"] / (1 - 0.99**3)).mean()) ** 0.5 + 1e-6), rel=1e-12)
     # the update AdamW applies with lr 1 is -mhat * D: the denominator is the step's own
     q = torch.nn.Parameter(p.detach().clone())
     opt2 = torch.optim.AdamW([q], lr=1.0, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.0)
@@ -76,7 +77,7 @@ def test_a_run_folder_is_measured_and_its_per_prompt_norms_match_the_engine(smal
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # the run folder is not touched
     assert rec["step"] == 2 and rec["n"] == 4 and len(rec["per_batch"]) == 2
     assert rec["engine_check_max_rel"] < 1e-4  # float32 engine against per-prompt float64 sums
-    assert all(r["V_euclid"] > 0 and r["V_adam"] > 0 for r in rec["per_batch"])
+    assert all(r["V_euclid"] > 0 and r["V_adam"] > 0 and r["V_block"] > 0 for r in rec["per_batch"])
     assert 0 < rec["kappa"] < 1 and 0 <= rec["factor_snr"] <= rec["factor_snr_adam"] <= 1
     assert "| run | task |" in am.table([rec])
     with pytest.raises(SystemExit, match="no checkpoint"):
