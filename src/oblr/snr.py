@@ -10,6 +10,8 @@ of one step and their mean gbar (the step's gradient):
     S      = max(signal, 0)
     SNR    = S / V
     eta    = eta_max * S / (S + V/N) = eta_max * N SNR / (1 + N SNR)
+    snr_adam: eta = eta_max * S / (S + kappa_k V/N), kappa_k = momentum_noise_share(beta1, k) (oblr's rule for
+              Adam's averaged step, :class:`AdamSNRLearningRate`; not the paper's)
 
 Only the ratio matters for the step size, so the g_k may carry any common scale; what matters is that
 gbar = (1/N) sum_k g_k. If a backward pass yields per-prompt *contributions* h_k with g = sum_k h_k, then
