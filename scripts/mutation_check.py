@@ -172,9 +172,16 @@ M = [
     # ISSUE39-ENGINES (entries are added above this line)
     # issue 39: schedules, TRL and verl adapters, task checkers
     ("snr lr floored after the warm-up, not before", "snr lr: warm-up with a binding floor", "src/oblr/snr.py",
-     "self._apply([warm * max(self.eta_min, e * factor) for e in self.eta_max])",
-     "self._apply([max(self.eta_min, warm * e * factor) for e in self.eta_max])",
+     "self._apply([warm * max(self.eta_min, e * f) for e, f in zip(self.eta_max, factors)])",
+     "self._apply([max(self.eta_min, warm * e * f) for e, f in zip(self.eta_max, factors)])",
      ["tests/core/test_schedules.py", "tests/core/test_snr.py"]),
+    ("snr_adam charges one batch's noise (no momentum count)", "snr_adam lr: kappa_k", "src/oblr/snr.py",
+     "return [momentum_noise_share(b, k) for b in self.beta1]", "return [1.0 for b in self.beta1]",
+     ["tests/core/test_schedules.py", "tests/core/test_snr.py"]),
+    ("kappa_k with the wrong sign of beta1^k", "snr_adam lr: kappa_k", "src/oblr/snr.py",
+     "return (1.0 - beta1) * (1.0 + bk) / ((1.0 + beta1) * (1.0 - bk))",
+     "return (1.0 - beta1) * (1.0 - bk) / ((1.0 + beta1) * (1.0 - bk))",
+     ["tests/core/test_snr.py"]),
     ("cosine decays over total_steps, not the steps after the warm-up", "cosine lr with warm-up", "src/oblr/schedules.py",
      "span = max(1, self.total_steps - self.warmup_steps)", "span = max(1, self.total_steps)",
      ["tests/core/test_schedules.py", "tests/core/test_snr.py"]),
