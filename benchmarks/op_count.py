@@ -53,13 +53,18 @@ def count(layers: int = 28, plans=PLANS, top: int = 8, gpu_paths: bool = False, 
     (``StoredBook._add`` looks for them on CPU only)."""
     from oblr.gradnorm import stored, strips
 
-    saved = strips.GRAM_STRIPS, stored.token_windows
+    # the windows' hook in StoredBook._add: trim_windows (returns the contribution), or token_windows at a --before
+    # revision that predates it (returns the windows)
+    name, off = ("trim_windows", lambda c: c) if hasattr(stored, "trim_windows") else ("token_windows", lambda c: None)
+    saved = strips.GRAM_STRIPS, getattr(stored, name)
     if gpu_paths:
-        strips.GRAM_STRIPS, stored.token_windows = strips.GRAM_STRIPS_OTHER, lambda c: None
+        strips.GRAM_STRIPS = strips.GRAM_STRIPS_OTHER
+        setattr(stored, name, off)
     try:
         return _count(layers, plans, top, SHAPES["wide" if wide else "narrow"])
     finally:
-        strips.GRAM_STRIPS, stored.token_windows = saved
+        strips.GRAM_STRIPS = saved[0]
+        setattr(stored, name, saved[1])
 
 
 def _count(layers: int, plans, top: int, shape: dict) -> dict[str, dict]:

@@ -25,6 +25,15 @@ from pathlib import Path
 
 M = [
     # (name, quantity, file, old, new)
+    ("cropped span one token short", "w_i, group norms, gradient (token windows)", "src/oblr/gradnorm/windows.py",
+     "a, b = min(first[k] for k in live), max(last[k] for k in live)",
+     "a, b = min(first[k] for k in live), max(last[k] for k in live) - 1",
+     ["tests/gradnorm/test_gradnorm_windows.py"]),
+    ("row windows not shifted into the cropped span", "w_i, group norms, gradient (token windows)",
+     "src/oblr/gradnorm/windows.py",
+     "f2 = [first[k] - a if last[k] > first[k] else 0 for k in range(len(first))]",
+     "f2 = [first[k] if last[k] > first[k] else 0 for k in range(len(first))]",
+     ["tests/gradnorm/test_gradnorm_windows.py"]),
     ("w_i without c_i^2", "w_i", "src/oblr/update.py",
      "book.sq_norms() * c.pow(2)", "book.sq_norms() * c"),
     ("advantage sign flipped in the update", "gradient", "src/oblr/update.py",

@@ -1,6 +1,7 @@
 """Token windows: the one-pass engine skips each row's tokens whose output gradient is exactly zero (padding,
-an output head's prompt tokens) in the ghost Grams and the per-group products. Norms, group norms and the
-weighted gradient must still match the one-backward-per-sequence loop (rtol 1e-4), with windows in use."""
+an output head's prompt tokens) in the ghost Grams and the per-group products, by per-row windows or by one
+cropped span (``windows.trim_windows``, chosen by ``windows.row_windows_pay``). Norms, group norms and the
+weighted gradient must still match the one-backward-per-sequence loop (rtol 1e-4) either way."""
 
 from __future__ import annotations
 
@@ -34,8 +35,20 @@ def _windowed(book):
     return [e.name for e in book._entries for c in e.contribs if isinstance(c, Outer) and c.win is not None]
 
 
+def _cropped(book, T):
+    """Names of the Outers cropped to a span shorter than the batch's ``T``, without per-row windows."""
+    return [e.name for e in book._entries for c in e.contribs
+            if isinstance(c, Outer) and c.win is None and c.T < T]
+
+
+@pytest.mark.parametrize("how", ["rows", "span"])
 @pytest.mark.parametrize("left_pad", [True, False])
-def test_windows_match_loop(left_pad):
+def test_windows_match_loop(left_pad, how, monkeypatch):
+    """``rows``: every per-row window kept (no host cost charged); ``span``: none kept (an infinite one), so the
+    factors are cropped to the span of all rows' windows and every query stays batched."""
+    from oblr.gradnorm import windows
+
+    monkeypatch.setattr(windows, "ROW_DISPATCH_MACS", 0 if how == "rows" else float("inf"))
     model = tiny_qwen3(hidden=64)  # wide next to the short rows: ghost norms and factors kept
     ids, am, rm = make_batch(model.config.vocab_size, [3, 5, 2, 4, 1, 3], [2, 9, 1, 4, 3, 6], left_pad=left_pad,
                              seed=5)
@@ -49,9 +62,18 @@ def test_windows_match_loop(left_pad):
         book = BookKeeper(model, method=method)
         with book.record():
             book.backward(sequence_logprobs(gather_logprobs(forward_logits(model, ids, am), ids), rm))
-        names = _windowed(book)
-        assert "lm_head.weight" in names or "model.embed_tokens.weight" in names
-        assert "model.layers.0.mlp.down_proj.weight" in names
+        if how == "rows":
+            names = _windowed(book)
+            assert "lm_head.weight" in names or "model.embed_tokens.weight" in names
+            assert "model.layers.0.mlp.down_proj.weight" in names
+        else:
+            assert not _windowed(book)
+            names = _cropped(book, ids.shape[1])
+            # the head's (or the tied embedding's) factors lose the prompt tokens shared by every row (left
+            # padding: the padding and the shortest prompt), a layer's the padding after the longest row
+            assert "lm_head.weight" in names or "model.embed_tokens.weight" in names
+            if not left_pad:
+                assert "model.layers.0.mlp.down_proj.weight" in names
         want = torch.stack([sum(g.pow(2).sum() for g in row) for row in grads])
         assert rel_err(book.sq_norms(), want) < TOL
         for gid in ([0, 0, 1, 1, 2, 2], [2, 0, 2, 1, 0, 0]):  # contiguous and interleaved groups
@@ -145,3 +167,51 @@ def test_row_products_are_the_per_row_addmm_bit_for_bit():
     half = Outer(c.left.bfloat16(), c.right.bfloat16(), c.shape, c.win)
     ref = regroup_for_products(Outer(half.left.float(), half.right.float(), c.shape, c.win), grp).materialize()
     assert torch.allclose(regroup_for_products(half, grp).materialize(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_trim_windows_crops_to_the_rows_span_and_keeps_row_windows_only_where_they_pay(monkeypatch):
+    """The span is [min first, max last) over the non-empty rows (an empty row adds nothing); the row windows
+    are shifted into it; they are kept exactly when the skipped multiply-adds (one product, one ghost norm per
+    row, ``row_windows_pay``) exceed ``ROW_DISPATCH_MACS`` per row."""
+    from oblr.gradnorm import windows
+    from oblr.gradnorm.contrib import MEMORY_COST
+    from oblr.gradnorm.strips import strip_entries
+
+    T, R, C = 12, 6, 5
+    left = torch.zeros(3, T, R)
+    left[0, 3:7] = 1.0
+    left[2, 5:10] = 2.0  # row 1 is zero: an empty window
+    c = Outer(left, torch.randn(3, T, C), (R, C))
+
+    def work(n):
+        return n * R * C + strip_entries(n) * (R + C + MEMORY_COST)
+
+    saved = (work(7) - work(4)) + work(7) + (work(7) - work(5))  # span 3:10 (7 tokens); row 1 skips all
+    monkeypatch.setattr(windows, "ROW_DISPATCH_MACS", saved / 3 - 1)
+    out = windows.trim_windows(c)
+    assert out.T == 7 and torch.equal(out.left, left[:, 3:10]) and torch.equal(out.right, c.right[:, 3:10])
+    assert out.win == ([0, 0, 2], [4, 0, 7])
+    monkeypatch.setattr(windows, "ROW_DISPATCH_MACS", saved / 3)
+    out = windows.trim_windows(c)
+    assert out.T == 7 and out.win is None
+    full = Outer(torch.ones(2, T, R), torch.ones(2, T, C), (R, C))
+    assert windows.trim_windows(full) is full and full.win is None  # nothing to trim: the contribution itself
+    zero = Outer(torch.zeros(2, T, R), torch.ones(2, T, C), (R, C))
+    assert windows.trim_windows(zero).win == ([0, 0], [0, 0])  # every row zero: empty windows, not an empty span
+
+
+def test_many_short_rows_of_a_small_model_are_cropped_not_looped():
+    """At the default cost the built-in model's shape at the paper's 128 x 8 (short rows, width 128) skips the
+    per-row loops (their dispatch outweighs the tokens saved); long rows of a wide layer keep them."""
+    from oblr.gradnorm import windows
+
+    small = torch.zeros(64, 24, 128)
+    small[:, 16:] = 1.0  # a head's gradient: zero on a 16-token prompt
+    small[::2, 20:] = 0.0  # half the rows end early
+    out = windows.trim_windows(Outer(small, torch.randn(64, 24, 128), (128, 128)))
+    assert out.T == 8 and out.win is None
+    wide = torch.zeros(4, 512, 512)
+    wide[:, :100] = 1.0
+    wide[0, :500] = 1.0  # one long row: the span is 500 tokens, the others use 100
+    out = windows.trim_windows(Outer(wide, torch.randn(4, 512, 256), (512, 256)))
+    assert out.T == 500 and out.win == ([0, 0, 0, 0], [500, 100, 100, 100])

@@ -22,7 +22,7 @@ def test_counts_and_refusals(capsys):
     gpu = op_count.main(["--layers", "2", "--plans", "oblr", "--gpu-paths"])
     from oblr.gradnorm import stored, strips, windows
 
-    assert strips.GRAM_STRIPS == 16 and stored.token_windows is windows.token_windows  # restored
+    assert strips.GRAM_STRIPS == 16 and stored.trim_windows is windows.trim_windows  # restored
     assert gpu[2]["oblr"]["total"] > 0
     for argv, msg in ((["--plans", "fast"], "--plans: unknown ['fast']"), (["--layers", "0"], "--layers must be"),
                       (["--layers", "2,x"], "--layers must be")):

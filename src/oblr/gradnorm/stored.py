@@ -22,7 +22,7 @@ from .contrib import Dense, Grouping, Outer, regroup_for_products
 from .precision import half_factors, tf32_products
 from .slabs import RunningSum, Slab, form_slabs, regrouped, slab_norms, slab_sums
 from .strips import GramCache
-from .windows import token_windows
+from .windows import trim_windows
 
 
 class StoredBook(Book):
@@ -39,7 +39,7 @@ class StoredBook(Book):
         if self.method == "auto" and keep_dense(c):
             c = Dense(c.regroup(Grouping.rows(c.K)).materialize(), owned=True)
         elif isinstance(c, Outer) and c.right.device.type == "cpu":
-            c.win = token_windows(c)  # skip each row's zero-gradient tokens (padding, a head's prompt)
+            c = trim_windows(c)  # skip each row's zero-gradient tokens (padding, a head's prompt)
         if isinstance(c, Dense):
             for i, d in enumerate(e.contribs):
                 if isinstance(d, Dense):

@@ -1,15 +1,19 @@
-"""Each row's token window outside which an Outer contribution's gradient factor is exactly zero.
+"""Each row's token window outside which an Outer contribution's gradient factor is exactly zero, and how to skip it.
 
 In a causal LM with right-padded rows every layer's output gradient is zero after a row's last token, and an
-output head's is zero on the prompt; :func:`token_windows` finds those windows on CPU so that the Grams and the
-per-group products may skip the zero tokens exactly (``Outer.win``).
+output head's is zero on the prompt; :func:`token_windows` finds those windows on CPU. :func:`trim_windows` then
+skips the zero tokens exactly, in one of two ways: the span that holds every row's window crops both factors (a
+view: every later query stays batched), and inside that span each row's own window is kept (``Outer.win``: the
+Grams and per-group products loop over rows) only where the tokens it skips outweigh the loops' host cost per
+row (:func:`row_windows_pay`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .contrib import Outer
+from .contrib import MEMORY_COST, Outer
+from .strips import strip_entries
 
 #: an Outer's rows are trimmed to their non-zero token windows (:func:`token_windows`) when that drops at
 #: least this fraction of its tokens
@@ -17,6 +21,12 @@ TRIM_MIN_FRACTION = 0.1
 
 #: leading elements of each token's gradient that :func:`token_windows` reads first
 WINDOW_PROBE = 8
+
+#: host cost of one row of the per-row window loops, in multiply-adds: the operators one row dispatches in a
+#: ghost norm and a per-group product (about a dozen, each some microseconds on CPU) at the rate of the small
+#: products they replace: ``python benchmarks/window_cost.py`` times both ways and prints this choice per shape
+#: (benchmarks/results/step_cost/issue41/window_cost.md: it picks the faster way in each of its 9 cases)
+ROW_DISPATCH_MACS = 1_500_000
 
 
 def token_windows(c: Outer) -> tuple[list[int], list[int]] | None:
@@ -51,3 +61,42 @@ def token_windows(c: Outer) -> tuple[list[int], list[int]] | None:
     if sum(last) - sum(first) > (1 - TRIM_MIN_FRACTION) * K * T:
         return None
     return first, last
+
+
+def row_windows_pay(c: Outer, first: list[int], last: list[int]) -> bool:
+    """True when the per-row windows ``first:last`` of ``c`` (already cropped to their common span) save more work
+    than their per-row loops cost: the multiply-adds of one per-group product (``n R C``) and one ghost norm
+    (:func:`strip_entries` ``(n) (R + C + MEMORY_COST)``) over the tokens the windows skip, against
+    :data:`ROW_DISPATCH_MACS` per row. Many short rows of a small model (the paper's 128 x 8 batch on the built-in
+    model) fail it: their loops are bound by dispatch, not by the products."""
+    r = 1 if c.is_index else c.R
+
+    def work(n: int) -> int:
+        return n * r * c.C + strip_entries(n, c.right.device.type) * (r + c.C + MEMORY_COST)
+
+    full = work(c.T)
+    saved = sum(full - work(max(0, b - a)) for a, b in zip(first, last))
+    return saved > ROW_DISPATCH_MACS * c.K
+
+
+def trim_windows(c: Outer) -> Outer:
+    """``c`` with the tokens whose gradient factor is zero skipped, exactly (module docstring).
+
+    No windows worth taking (:func:`token_windows` is None, or every row is zero): ``c`` itself. Otherwise the
+    common span ``[min first, max last)`` of the non-empty rows crops both factors (views), and the rows' own
+    windows, shifted into that span, are kept as ``win`` only when :func:`row_windows_pay`."""
+    win = token_windows(c)
+    if win is None:
+        return c
+    first, last = win
+    live = [k for k in range(len(first)) if last[k] > first[k]]
+    if not live:
+        c.win = win
+        return c
+    a, b = min(first[k] for k in live), max(last[k] for k in live)
+    out = c if (a, b) == (0, c.T) else Outer(c.left[:, a:b], c.right[:, a:b], c.shape)
+    f2 = [first[k] - a if last[k] > first[k] else 0 for k in range(len(first))]
+    l2 = [last[k] - a if last[k] > first[k] else 0 for k in range(len(first))]
+    if row_windows_pay(out, f2, l2):
+        out.win = (f2, l2)
+    return out
