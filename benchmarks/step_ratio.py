@@ -4,6 +4,7 @@ computed from them and the update ratio.
     python benchmarks/step_ratio.py --json out.json --markdown out.md      # runs `oblr train` here (CPU)
     python benchmarks/step_ratio.py --grpo A/metrics.jsonl --oblr B/metrics.jsonl   # runs made already
     python benchmarks/step_ratio.py --grpo A/metrics.jsonl --update-ratio 1.08      # a ratio measured elsewhere
+    python benchmarks/step_ratio.py --set task.name=countdown --set rollout.prompts_per_step=128   # another shape
 
 ``oblr train`` logs each step's phases in ``metrics.jsonl`` (``train/trainer.py``): ``time/generate``
 (rollout), ``time/score`` (rewards), ``time/norms`` (the gradient accumulation: forward, backward, and for
@@ -16,7 +17,8 @@ Without ``--grpo``/``--oblr`` the script runs the default ``oblr train`` shape (
 and tiny model, N = 16 prompts x G = 8, 32 new tokens, one thread, no evaluation or checkpoints) ``--rounds``
 times for each method, GRPO (``algorithm.baseline=grpo algorithm.lr_schedule=constant``: no exact norms) and
 OBLR-PO (the defaults: baseline ``oblr``, SNR schedule, the one-pass engine), ``--steps`` steps a run, the order
-alternating from round to round so that drift on a shared machine hits both alike.
+alternating from round to round so that drift on a shared machine hits both alike. ``--set KEY=VALUE``
+(repeatable) adds a config override to both methods' runs (another task, N, G or response length).
 
 Printed (and written with ``--json``/``--markdown``):
 
@@ -127,9 +129,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="without --grpo: runs of each method (default 2)")
     ap.add_argument("--steps", type=int, default=4, help="without --grpo: steps per run (default 4; the first "
                                                          "of each run is left out)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="without --grpo: a config override for both methods' runs (repeatable)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
     args = ap.parse_args(argv)
+    bad = [o for o in args.overrides if "=" not in o or not o.split("=", 1)[0]]
+    if bad:
+        ap.error(f"--set takes KEY=VALUE, got {bad[0]!r}")
+    if args.overrides and args.grpo:
+        ap.error("--set applies to the runs this script makes: not with --grpo")
     if args.update_ratio is not None and not args.update_ratio > 0:
         ap.error(f"--update-ratio must be > 0, got {args.update_ratio}")
     if args.rounds < 1 or args.steps < 2:
@@ -149,10 +158,13 @@ def main(argv=None) -> int:
             for r in range(args.rounds):
                 order = [("grpo", GRPO_ARGS), ("oblr", OBLR_ARGS)][:: 1 if r % 2 == 0 else -1]
                 for name, extra in order:
-                    runs[name] += read_steps(run_train(extra, args.steps, Path(tmp) / f"{name}{r}", log))
+                    runs[name] += read_steps(run_train((*args.overrides, *extra), args.steps, Path(tmp) / f"{name}{r}",
+                                                       log))
         grpo, oblr = medians(runs["grpo"]), medians(runs["oblr"])
-        command = (f"python benchmarks/step_ratio.py --rounds {args.rounds} --steps {args.steps} "
-                   f"(oblr train train.steps={args.steps} {' '.join(COMMON)}, GRPO: {' '.join(GRPO_ARGS)}, "
+        sets = "".join(f" --set {o}" for o in args.overrides)
+        command = (f"python benchmarks/step_ratio.py --rounds {args.rounds} --steps {args.steps}{sets} "
+                   f"(oblr train train.steps={args.steps} {' '.join(COMMON)}{''.join(' ' + o for o in args.overrides)}, "
+                   f"GRPO: {' '.join(GRPO_ARGS)}, "
                    f"OBLR-PO: {' '.join(OBLR_ARGS)})")
     if args.update_ratio is not None:
         ratio, source = args.update_ratio, "given with --update-ratio"

@@ -57,3 +57,27 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
     for bad in (["--grpo", str(empty)], ["--oblr", str(empty)], ["--update-ratio", "0"], ["--steps", "1"]):
         with pytest.raises(SystemExit):
             step_ratio.main(bad)
+
+
+def test_set_overrides_reach_both_runs_and_the_command(tmp_path, monkeypatch, capsys):
+    """``--set KEY=VALUE`` goes to every run this script makes (both methods, every round) and into the printed
+    command; a malformed one, or one with ``--grpo``, is refused before any run."""
+    seen = []
+
+    def fake_run(extra, steps, out_dir, log):
+        seen.append(extra)
+        is_oblr = "algorithm.baseline=oblr" in extra
+        return _write(tmp_path / f"{out_dir.name}.jsonl", [_rec(1, 9, 9, 9, 9, 99), _rec(2, 2, 1, 1.0 + is_oblr, 0, 4),
+                                                          _rec(3, 2, 1, 1.0 + is_oblr, 0, 4)])
+
+    monkeypatch.setattr(step_ratio, "run_train", fake_run)
+    out = tmp_path / "r.json"
+    assert step_ratio.main(["--rounds", "2", "--set", "task.name=countdown", "--set", "rollout.prompts_per_step=128",
+                            "--json", str(out)]) == 0
+    assert len(seen) == 4 and all(e[:2] == ("task.name=countdown", "rollout.prompts_per_step=128") for e in seen)
+    assert json.loads(out.read_text())["update_ratio"] == pytest.approx(2.0)
+    assert "--set task.name=countdown --set rollout.prompts_per_step=128" in capsys.readouterr().out
+    for bad in (["--set", "novalue"], ["--set", "=1"], ["--grpo", str(out), "--update-ratio", "1", "--set", "a=1"]):
+        with pytest.raises(SystemExit):
+            step_ratio.main(bad)
+    assert len(seen) == 4
