@@ -69,11 +69,9 @@ def test_windows_match_loop(left_pad, how, monkeypatch):
         else:
             assert not _windowed(book)
             names = _cropped(book, ids.shape[1])
-            # the head's (or the tied embedding's) factors lose the prompt tokens shared by every row (left
-            # padding: the padding and the shortest prompt), a layer's the padding after the longest row
-            assert "lm_head.weight" in names or "model.embed_tokens.weight" in names
-            if not left_pad:
-                assert "model.layers.0.mlp.down_proj.weight" in names
+            assert names  # some factors are cropped (their span drops at least 10 % of the tokens)
+            if left_pad:  # the head's (or the tied embedding's) lose the padding and the shortest prompt
+                assert "lm_head.weight" in names or "model.embed_tokens.weight" in names
         want = torch.stack([sum(g.pow(2).sum() for g in row) for row in grads])
         assert rel_err(book.sq_norms(), want) < TOL
         for gid in ([0, 0, 1, 1, 2, 2], [2, 0, 2, 1, 0, 0]):  # contiguous and interleaved groups
@@ -215,3 +213,48 @@ def test_many_short_rows_of_a_small_model_are_cropped_not_looped():
     wide[0, :500] = 1.0  # one long row: the span is 500 tokens, the others use 100
     out = windows.trim_windows(Outer(wide, torch.randn(4, 512, 256), (512, 256)))
     assert out.T == 500 and out.win == ([0, 0, 0, 0], [500, 100, 100, 100])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_token_span_is_the_span_of_the_row_windows(seed):
+    """``token_span`` (the cheap search of the span-only path) equals [min first, max last) of ``token_windows``
+    over the non-empty rows, with tokens zero where the probe looks, -0.0 and NaN; None when all is zero."""
+    from oblr.gradnorm import windows
+
+    gen = torch.Generator().manual_seed(seed)
+    n = windows.WINDOW_PROBE + 4
+    K, T = 5, 14
+    g = torch.zeros(K, T, n)
+    for k in range(K):
+        if k == seed % K:
+            continue  # one empty row
+        a = int(torch.randint(0, T - 1, (1,), generator=gen))
+        b = int(torch.randint(a + 1, T + 1, (1,), generator=gen))
+        g[k, a:b] = torch.randn(b - a, n, generator=gen)
+        g[k, a, :windows.WINDOW_PROBE] = 0.0  # the probe sees nothing at the row's first token
+        g[k, a, -1] = 1.0
+    g[0, -1, 0] = -0.0
+    if seed == 3:
+        g[1, 0, -1] = float("nan")
+    c = Outer(g, torch.randn(K, T, 3), (n, 3))
+    first, last = windows.token_windows(c) or ([0] * K, [T] * K)
+    live = [k for k in range(K) if last[k] > first[k]]
+    assert windows.token_span(c) == (min(first[k] for k in live), max(last[k] for k in live))
+    assert windows.token_span(Outer(torch.zeros(K, T, n), torch.randn(K, T, 3), (n, 3))) is None
+
+
+def test_the_span_only_path_crops_at_least_the_trim_fraction(monkeypatch):
+    """Where no row's window can pay (one row's whole work within ROW_DISPATCH_MACS) only the span is searched:
+    it crops when it drops at least TRIM_MIN_FRACTION of the tokens, and leaves the contribution whole otherwise."""
+    from oblr.gradnorm import windows
+
+    monkeypatch.setattr(windows, "token_windows", lambda c: pytest.fail("the per-row search ran"))
+    g = torch.zeros(3, 20, 4)
+    g[:, 2:19] = 1.0  # span 2:19 drops 3 of 20 tokens (15 %)
+    out = windows.trim_windows(Outer(g, torch.randn(3, 20, 5), (4, 5)))
+    assert (out.T, out.win) == (17, None) and torch.equal(out.left, g[:, 2:19])
+    g[:, 1] = 1.0  # span 1:19 drops 2 of 20 (10 %): still cropped
+    assert windows.trim_windows(Outer(g, torch.randn(3, 20, 5), (4, 5))).T == 18
+    g[:, 0] = 1.0  # 0:19 drops 1 of 20 (5 %): whole
+    c = Outer(g, torch.randn(3, 20, 5), (4, 5))
+    assert windows.trim_windows(c) is c

@@ -63,28 +63,58 @@ def token_windows(c: Outer) -> tuple[list[int], list[int]] | None:
     return first, last
 
 
+def token_span(c: Outer) -> tuple[int, int] | None:
+    """``[first, last)``: the tokens where some row's gradient factor is non-zero (None: every token is zero in
+    every row), i.e. the span of :func:`token_windows`' windows, found with less reading: every token's first
+    :data:`WINDOW_PROBE` elements, then in full only the tokens where no row's probe saw a non-zero (a prompt at
+    an output head, padding that every row shares)."""
+    g = c.right if c.is_index else c.left
+    K, T = g.shape[0], g.shape[1]
+    g = g.reshape(K, T, -1)
+    seen = g[:, :, :WINDOW_PROBE].ne(0).any(-1).any(0)  # [T]
+    if g.shape[2] > WINDOW_PROBE:
+        unknown = ~seen
+        if bool(unknown.any()):
+            seen[unknown] = g[:, unknown].ne(0).any(-1).any(0)
+    idx = seen.nonzero().flatten()
+    if idx.numel() == 0:
+        return None
+    return int(idx[0]), int(idx[-1]) + 1
+
+
+def _row_work(c: Outer, n: int) -> int:
+    """Multiply-adds of one per-group product (``n R C``) and one ghost norm (:func:`strip_entries` ``(n)
+    (R + C + MEMORY_COST)``) over ``n`` tokens of one row of ``c``."""
+    r = 1 if c.is_index else c.R
+    return n * r * c.C + strip_entries(n, c.right.device.type) * (r + c.C + MEMORY_COST)
+
+
 def row_windows_pay(c: Outer, first: list[int], last: list[int]) -> bool:
     """True when the per-row windows ``first:last`` of ``c`` (already cropped to their common span) save more work
     than their per-row loops cost: the multiply-adds of one per-group product (``n R C``) and one ghost norm
     (:func:`strip_entries` ``(n) (R + C + MEMORY_COST)``) over the tokens the windows skip, against
     :data:`ROW_DISPATCH_MACS` per row. Many short rows of a small model (the paper's 128 x 8 batch on the built-in
     model) fail it: their loops are bound by dispatch, not by the products."""
-    r = 1 if c.is_index else c.R
-
-    def work(n: int) -> int:
-        return n * r * c.C + strip_entries(n, c.right.device.type) * (r + c.C + MEMORY_COST)
-
-    full = work(c.T)
-    saved = sum(full - work(max(0, b - a)) for a, b in zip(first, last))
+    full = _row_work(c, c.T)
+    saved = sum(full - _row_work(c, max(0, b - a)) for a, b in zip(first, last))
     return saved > ROW_DISPATCH_MACS * c.K
 
 
 def trim_windows(c: Outer) -> Outer:
     """``c`` with the tokens whose gradient factor is zero skipped, exactly (module docstring).
 
-    No windows worth taking (:func:`token_windows` is None, or every row is zero): ``c`` itself. Otherwise the
-    common span ``[min first, max last)`` of the non-empty rows crops both factors (views), and the rows' own
-    windows, shifted into that span, are kept as ``win`` only when :func:`row_windows_pay`."""
+    When no row's window could pay for its loops (one row's whole work is at most :data:`ROW_DISPATCH_MACS`) only
+    the span is looked for (:func:`token_span`, cheaper than every row's window) and crops both factors when it
+    drops at least :data:`TRIM_MIN_FRACTION` of the tokens. Otherwise: no windows worth taking
+    (:func:`token_windows` is None, or every row is zero): ``c`` itself; else the common span ``[min first, max
+    last)`` of the non-empty rows crops both factors (views), and the rows' own windows, shifted into that span,
+    are kept as ``win`` only when :func:`row_windows_pay`."""
+    if _row_work(c, c.T) <= ROW_DISPATCH_MACS:
+        span = token_span(c)
+        if span is None or span[1] - span[0] > (1 - TRIM_MIN_FRACTION) * c.T:
+            return c
+        a, b = span
+        return Outer(c.left[:, a:b], c.right[:, a:b], c.shape)
     win = token_windows(c)
     if win is None:
         return c
