@@ -16,7 +16,10 @@ wide) whose rows have random windows filling ``fill`` of the span on average; pe
 per-row norm query (``sq_norm`` over rows, as ``w_i``) plus one per-group product (``grouped_sums`` over groups
 of 8 rows, as the weighted gradient and the group norms), after one warm-up. Both paths give the same numbers
 (relative difference printed). Columns: the measured ratio (a)/(b) and the model's choice; a row where the
-model picks the slower path by more than 20 % is marked. A ratio on a shared machine: read its direction.
+model picks the slower path by more than 20 % is marked. The last two columns time the searches that find the
+windows: every row's window (:func:`oblr.gradnorm.windows.token_windows`, what path (a) needs) and the rows' common
+span alone (:func:`oblr.gradnorm.windows.token_span`, all that path (b) needs; the engine uses it where no row's
+window could pay), which agree on the span. A ratio on a shared machine: read its direction.
 """
 
 from __future__ import annotations
@@ -71,9 +74,21 @@ def timed(c: Outer, grp: Grouping, reps: int) -> tuple[float, torch.Tensor]:
     return statistics.median(times), out
 
 
+def timed_search(fn, c: Outer, reps: int) -> tuple[float, object]:
+    """The median time of ``fn(c)`` over ``reps`` calls after one warm-up, and its result."""
+    times, out = [], None
+    for i in range(reps + 1):
+        t = time.perf_counter()
+        out = fn(c)
+        if i:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
 def run(reps: int) -> list[str]:
-    lines = ["| K | T | R | C | fill | per-row windows (ms) | cropped span (ms) | ratio | model keeps windows | same numbers (rel. diff) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = ["| K | T | R | C | fill | per-row windows (ms) | cropped span (ms) | ratio | model keeps windows | "
+             "same numbers (rel. diff) | search: every row's window (ms) | search: the span (ms) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for K, T, R, C, fill in CASES:
         c, win = make(K, T, R, C, fill)
         grp = Grouping.from_groups(torch.randn(K), torch.arange(K) // 8)
@@ -84,8 +99,15 @@ def run(reps: int) -> list[str]:
         ratio = t_a / t_b
         wrong = (keep and ratio > 1.2) or (not keep and ratio < 1 / 1.2)
         diff = float((a - b).norm() / b.norm())
+        t_w, found = timed_search(windows.token_windows, c, reps)
+        t_s, span = timed_search(windows.token_span, c, reps)
+        fw, lw = found or ([0] * K, [T] * K)
+        live = [k for k in range(K) if lw[k] > fw[k]]
+        if span != (min(fw[k] for k in live), max(lw[k] for k in live)):
+            raise SystemExit(f"window_cost: token_span {span} is not the span of token_windows (case {K}x{T})")
         lines.append(f"| {K} | {T} | {R} | {C} | {fill} | {1e3 * t_a:.1f} | {1e3 * t_b:.1f} | {ratio:.2f} | "
-                     f"{'yes' if keep else 'no'}{' (slower path)' if wrong else ''} | {diff:.1e} |")
+                     f"{'yes' if keep else 'no'}{' (slower path)' if wrong else ''} | {diff:.1e} | "
+                     f"{1e3 * t_w:.2f} | {1e3 * t_s:.2f} |")
         print(lines[-1], flush=True)
     return lines
 

@@ -26,6 +26,7 @@ def test_both_ways_agree_and_the_table_names_the_choice(tmp_path, monkeypatch):
     first_row, second = (r.split("|") for r in rows)
     assert first_row[9].strip() == "no" and second[9].strip().startswith("yes")  # dispatch-bound / worth it
     assert all(float(r[10]) < 1e-5 for r in (first_row, second))  # the same numbers both ways
+    assert all(float(r[11]) > 0 and float(r[12]) > 0 for r in (first_row, second))  # both searches timed
     assert "python benchmarks/window_cost.py --reps 1" in out.read_text()
     wide, win = window_cost.make(4, 256, 256, 256, 0.3)
     assert windows.row_windows_pay(wide, *win) and not windows.row_windows_pay(c, first, last)
