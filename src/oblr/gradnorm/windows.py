@@ -5,7 +5,8 @@ output head's is zero on the prompt; :func:`token_windows` finds those windows o
 skips the zero tokens exactly, in one of two ways: the span that holds every row's window crops both factors (a
 view: every later query stays batched), and inside that span each row's own window is kept (``Outer.win``: the
 Grams and per-group products loop over rows) only where the tokens it skips outweigh the loops' host cost per
-row (:func:`row_windows_pay`).
+row (:func:`row_windows_pay`). Where no row's window could pay (one row's whole work is within that cost) only the
+span is searched (:func:`token_span`, which reads less than every row's window) and crops both factors.
 """
 
 from __future__ import annotations
