@@ -4,9 +4,13 @@
     oblr report runs/grid-paper-checks --out runs/grid-paper-checks/report --accuracy-key eval/accuracy_sampled
     oblr proxy-study --checkpoints runs/grid-paper-checks/oblr-const/seed0 --out runs/proxy-study
     python scripts/make_results_doc.py runs/grid-paper-checks runs/proxy-study --reading docs/results_reading.md
+    python scripts/make_results_doc.py --reading-only --reading docs/results_reading.md   # without the grid here
 
 Everything between the header and the reading is copied from the report files; the reading (a hand-written
-interpretation of those numbers) is a separate file so that a rerun regenerates every number.
+interpretation of those numbers) is a separate file so that a rerun regenerates every number. ``--reading-only``
+is for a machine without the grid's and the proxy study's run folders (they are not committed): it keeps the
+document's generated sections as they are, recounts the start-model rows of the run folders that are here, and
+splices the reading in again.
 """
 
 from __future__ import annotations
@@ -112,15 +116,49 @@ def provenance_section(grid_dir: Path, kept: list[str], shipped: dict[str, str])
     return lines
 
 
+TABLE_ROW = re.compile(r"^\| `([^`]+)` \| \d+ \| .* \|$")
+
+
+def reading_only(out: Path, reading: Path) -> None:
+    """Re-splice ``reading`` into ``out`` and recount the start-model rows of the folders present here; every
+    other line of ``out`` is kept (rows of absent folders too)."""
+    if not out.is_file():
+        raise SystemExit(f"make_results_doc: --reading-only: {out} does not exist (run the full generation first)")
+    if not reading.is_file():
+        raise SystemExit(f"make_results_doc: --reading-only: the reading {reading} does not exist")
+    head, sep, _ = out.read_text().partition("\n## Reading\n")
+    if not sep:
+        raise SystemExit(f"make_results_doc: --reading-only: {out} has no '## Reading' section to replace")
+    shipped, weights, done, lines = shipped_fingerprints(), shipped_weights(), set(), []
+    for line in head.split("\n"):
+        m = TABLE_ROW.match(line)
+        if not m or not Path(m.group(1)).is_dir():
+            lines.append(line)
+        elif m.group(1) not in done:
+            done.add(m.group(1))
+            lines += [f"| `{f}` | {n} | {what} |" for f, n, what in start_models([m.group(1)], shipped, weights)]
+    out.write_text("\n".join(lines) + "\n## Reading\n\n" + reading.read_text().strip() + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("grid_dir", type=Path)
-    ap.add_argument("proxy_dir", type=Path)
+    ap.add_argument("grid_dir", type=Path, nargs="?")
+    ap.add_argument("proxy_dir", type=Path, nargs="?")
     ap.add_argument("--reading", type=Path, help="markdown file with the interpretation")
+    ap.add_argument("--reading-only", action="store_true",
+                    help="no grid here: keep the generated sections, recount the start models, splice the reading")
     ap.add_argument("--out", type=Path, default=Path("docs/results.md"))
     ap.add_argument("--grid-args", default="--jobs 2 train.threads=1", help="the options the grid was run with")
     ap.add_argument("--machine", default="2 CPU cores", help="where the grid ran, as the doc should say it")
     args = ap.parse_args(argv)
+    if args.reading_only:
+        if not args.reading:
+            ap.error("--reading-only needs --reading FILE")
+        reading_only(args.out, args.reading)
+        print(f"wrote {args.out} (reading and start models only)")
+        return 0
+    if args.grid_dir is None or args.proxy_dir is None:
+        ap.error("grid_dir and proxy_dir are required (or --reading-only)")
 
     report = args.grid_dir / "report"
     status = json.loads((args.grid_dir / "grid_status.json").read_text())

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import make_results_doc as mrd  # noqa: E402
 
@@ -82,3 +84,28 @@ def test_regeneration_keeps_every_spliced_section_in_order(tmp_path, monkeypatch
     assert f"| `{grid}` | 1 | builtin = shipped tiny-arith-v1 |" in text
     assert f"| `{committed}` | 1 | not recorded |" in text
     assert text.rstrip().endswith("new reading") and "old reading" not in text
+
+
+def test_reading_only_keeps_the_tables_recounts_present_folders_and_replaces_the_reading(tmp_path, monkeypatch):
+    """Without the grid on this machine: the generated text stays, a present folder's start-model row is recounted
+    (two runs now, not one), an absent folder's row is kept, and the reading is replaced."""
+    monkeypatch.chdir(tmp_path)
+    committed = Path("benchmarks/results/sweep")
+    _run(committed / "grpo" / "seed0", "f-shipped")
+    _run(committed / "grpo" / "seed1", "f-shipped")
+    out = tmp_path / "results.md"
+    body = ("# title\n\n| run folder | runs | start model |\n|---|---|---|\n"
+            "| `runs/absent-grid` | 36 | builtin = shipped tiny-arith-v1 |\n"
+            f"| `{committed}` | 1 | builtin = shipped tiny-arith-v1 |\n\n## Comparison\n\ntable 0.4\n")
+    out.write_text(body + "\n## Reading\n\nold reading\n")
+    reading = tmp_path / "reading.md"
+    reading.write_text("new reading\n")
+    monkeypatch.setattr(mrd, "shipped_fingerprints", lambda: {"f-shipped": "tiny-arith-v1"})
+    assert mrd.main(["--reading-only", "--reading", str(reading), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| `runs/absent-grid` | 36 | builtin = shipped tiny-arith-v1 |" in text
+    assert f"| `{committed}` | 2 | builtin = shipped tiny-arith-v1 |" in text
+    assert "table 0.4" in text and text.rstrip().endswith("new reading") and "old reading" not in text
+    with pytest.raises(SystemExit, match="no '## Reading' section"):
+        out.write_text(body)
+        mrd.main(["--reading-only", "--reading", str(reading), "--out", str(out)])
