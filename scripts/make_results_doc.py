@@ -120,24 +120,29 @@ TABLE_ROW = re.compile(r"^\| `([^`]+)` \| \d+ \| .* \|$")
 
 
 def reading_only(out: Path, reading: Path) -> None:
-    """Re-splice ``reading`` into ``out`` and recount the start-model rows of the folders present here; every
-    other line of ``out`` is kept (rows of absent folders too)."""
+    """Re-splice ``reading`` into ``out`` and recount the rows of the "Start models" table whose folders are here
+    with runs in them; every other line of ``out`` is kept (the rows of absent or empty folders too)."""
     if not out.is_file():
         raise SystemExit(f"make_results_doc: --reading-only: {out} does not exist (run the full generation first)")
     if not reading.is_file():
         raise SystemExit(f"make_results_doc: --reading-only: the reading {reading} does not exist")
-    head, sep, _ = out.read_text().partition("\n## Reading\n")
+    head, sep, _ = out.read_text(encoding="utf-8").rpartition("\n## Reading\n")
     if not sep:
         raise SystemExit(f"make_results_doc: --reading-only: {out} has no '## Reading' section to replace")
     shipped, weights, done, lines = shipped_fingerprints(), shipped_weights(), set(), []
+    in_table = False
     for line in head.split("\n"):
-        m = TABLE_ROW.match(line)
-        if not m or not Path(m.group(1)).is_dir():
+        if line.startswith("## "):
+            in_table = line == "## Start models of these tables"
+        m = TABLE_ROW.match(line) if in_table else None
+        folder = Path(m.group(1)) if m else None
+        if folder is None or not folder.is_dir() or not any(folder.rglob("summary.json")):
             lines.append(line)
-        elif m.group(1) not in done:
-            done.add(m.group(1))
-            lines += [f"| `{f}` | {n} | {what} |" for f, n, what in start_models([m.group(1)], shipped, weights)]
-    out.write_text("\n".join(lines) + "\n## Reading\n\n" + reading.read_text().strip() + "\n")
+        elif str(folder) not in done:
+            done.add(str(folder))
+            lines += [f"| `{f}` | {n} | {what} |" for f, n, what in start_models([folder], shipped, weights)]
+    out.write_text("\n".join(lines) + "\n## Reading\n\n" + reading.read_text(encoding="utf-8").strip() + "\n",
+                   encoding="utf-8")
 
 
 def main(argv=None) -> int:
@@ -154,6 +159,8 @@ def main(argv=None) -> int:
     if args.reading_only:
         if not args.reading:
             ap.error("--reading-only needs --reading FILE")
+        if args.grid_dir or args.proxy_dir:
+            ap.error("--reading-only takes no grid_dir / proxy_dir (it keeps the generated sections as they are)")
         reading_only(args.out, args.reading)
         print(f"wrote {args.out} (reading and start models only)")
         return 0

@@ -94,9 +94,12 @@ def test_reading_only_keeps_the_tables_recounts_present_folders_and_replaces_the
     _run(committed / "grpo" / "seed0", "f-shipped")
     _run(committed / "grpo" / "seed1", "f-shipped")
     out = tmp_path / "results.md"
-    body = ("# title\n\n| run folder | runs | start model |\n|---|---|---|\n"
+    Path("runs/empty").mkdir(parents=True)
+    elsewhere = f"| `{committed}` | 1 | a row of another table |"
+    body = ("# title\n\n## Start models of these tables\n\n| run folder | runs | start model |\n|---|---|---|\n"
             "| `runs/absent-grid` | 36 | builtin = shipped tiny-arith-v1 |\n"
-            f"| `{committed}` | 1 | builtin = shipped tiny-arith-v1 |\n\n## Comparison\n\ntable 0.4\n")
+            "| `runs/empty` | 36 | builtin = shipped tiny-arith-v1 |\n"
+            f"| `{committed}` | 1 | builtin = shipped tiny-arith-v1 |\n\n## Comparison\n\ntable 0.4\n{elsewhere}\n")
     out.write_text(body + "\n## Reading\n\nold reading\n")
     reading = tmp_path / "reading.md"
     reading.write_text("new reading\n")
@@ -104,6 +107,8 @@ def test_reading_only_keeps_the_tables_recounts_present_folders_and_replaces_the
     assert mrd.main(["--reading-only", "--reading", str(reading), "--out", str(out)]) == 0
     text = out.read_text()
     assert "| `runs/absent-grid` | 36 | builtin = shipped tiny-arith-v1 |" in text
+    assert "| `runs/empty` | 36 | builtin = shipped tiny-arith-v1 |" in text  # a folder without runs: kept
+    assert elsewhere in text  # only the start-model table is recounted
     assert f"| `{committed}` | 2 | builtin = shipped tiny-arith-v1 |" in text
     assert "table 0.4" in text and text.rstrip().endswith("new reading") and "old reading" not in text
     with pytest.raises(SystemExit, match="no '## Reading' section"):
