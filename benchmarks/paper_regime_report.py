@@ -17,6 +17,9 @@ the share of steps at lr 0 (``optim/lr``), and for the SNR rows the logged facto
 Verdicts: each tuning-free row (the SNR rule at every ``eta_max``, ``auto`` at every guess) and the OBLR-PO
 baseline against the best GRPO fixed rate of the same task and optimizer, by ``benchmarks/task_claims.py``'s
 test (difference of means against twice its standard error; "one seed" when either side has fewer than two).
+Across tasks (same optimizer, N and steps): the rate each task needed (its best GRPO fixed rate) and the
+``eta_max`` each factor rule would have needed to apply it on average (best rate / the rule's mean factor), with
+the spread over tasks: what one ``eta_max`` for every task requires of a factor.
 Writes ``grid.md``, ``grid.json`` and ``grid.png`` (accuracy against the rate, one panel per task and
 optimizer) into ``--out`` and, with ``--results-doc``, its own marked section of that document.
 """
@@ -177,6 +180,47 @@ def tables(points: dict) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+#: the rules whose rate is ``eta_max`` times a logged factor (``snr/factor``)
+FACTOR_RULES = ("oblr-snr-batch", "oblr-snr-ema", "oblr-snradam-batch", "oblr-snradam-ema")
+
+
+def needed_rates(points: dict) -> str:
+    """Across tasks, per optimizer, N and steps: the rate each task needed (its best GRPO fixed rate) and, per
+    factor rule, the ``eta_max`` at which the rule's mean factor would have applied that rate on average (best
+    rate / mean factor, from the rule's best row on that task), with the spread (max / min) over tasks. One
+    ``eta_max`` serves every task only if a rule's spread is within the grid's step; a factor that carries the
+    information a task needs makes it smaller than the fixed rate's spread."""
+    out = []
+    for group in sorted({(k[1], k[2], k[3]) for k in points}):
+        tasks = sorted({k[0] for k in points if (k[1], k[2], k[3]) == group})
+        bests = {t: best_grpo(points, (t, *group)) for t in tasks}
+        tasks = [t for t in tasks if bests[t] is not None]
+        if len(tasks) < 2:
+            continue
+        out += [f"#### The eta_max each rule needed ({group[0]}, N = {group[1]}, {group[2]} steps)", "",
+                "| rule | " + " | ".join(tasks) + " | spread (max / min) |", "|---|" + "---|" * (len(tasks) + 1)]
+        fixed = [bests[t][0] for t in tasks]
+        out.append("| fixed rate: the best GRPO rate | " + " | ".join(f"{x:g}" for x in fixed)
+                   + f" | {max(fixed) / min(fixed):.1f}x |")
+        for m in FACTOR_RULES:
+            cells, needed = [], []
+            for t in tasks:
+                rows = [(statistics.fmean(p["final"]), k[5], p) for k, p in points.items()
+                        if k[:5] == (t, *group, m) and p["final"] and math.isfinite(p["factor_mean"])
+                        and p["factor_mean"] > 0]
+                if not rows:
+                    cells.append("-")
+                    continue
+                _, eta, p = max(rows, key=lambda r: r[0])
+                needed.append(bests[t][0] / p["factor_mean"])
+                cells.append(f"{needed[-1]:.2g} (factor {p['factor_mean']:.3f} at {eta:g})")
+            if len(needed) >= 2:
+                out.append(f"| {m}: best rate / mean factor | " + " | ".join(cells)
+                           + f" | {max(needed) / min(needed):.1f}x |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n" if out else ""
+
+
 def plot(points: dict, path: Path) -> Path:
     import matplotlib
 
@@ -216,7 +260,10 @@ def section(md: str, runs: list[Path], image: str) -> str:
         "'vs best GRPO': the row's final sampled accuracy against the best GRPO fixed rate of the same task and "
         "optimizer (beats / behind: the difference of means is more than twice its standard error over seeds; "
         "with one seed no verdict is given). 'best eval at step': per seed, the evaluation step with the highest "
-        "sampled accuracy (the last step: still improving).", "",
+        "sampled accuracy (the last step: still improving). 'The eta_max each rule needed': per task, the best GRPO "
+        "fixed rate divided by the rule's mean logged factor on its best row (the eta_max at which the factor would "
+        "have applied the tuned rate on average, to first order: the factor itself moves with eta_max); one eta_max "
+        "fits every task only if the spread is within the grid's step (about 3x).", "",
         f"![accuracy against the rate]({image})", "", md.rstrip(), ""])
 
 
@@ -229,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     raw = collect(args.runs)
     points = {k: point(v) for k, v in raw.items()}
     md = tables(points)
+    needed = needed_rates(points)
+    if needed:
+        md += "\n" + needed
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "grid.md").write_text(md, encoding="utf-8")
     (args.out / "grid.json").write_text(json.dumps({" / ".join(map(str, k)): v for k, v in raw.items()}, indent=1)

@@ -17,10 +17,10 @@ import paper_regime_report as prr  # noqa: E402
 
 
 def _run(root: Path, name: str, seed: int, *, baseline="grpo", schedule="constant", lr=0.1, ema=0.9, n=128,
-         final=None, lrs=(0.1, 0.1), evals=((0, 0.2), (50, 0.3)), optimizer="sgd", steps=50) -> Path:
+         final=None, lrs=(0.1, 0.1), evals=((0, 0.2), (50, 0.3)), optimizer="sgd", steps=50, task="arithmetic") -> Path:
     d = root / name / f"seed{seed}"
     d.mkdir(parents=True)
-    cfg = {"task": {"name": "arithmetic"}, "optim": {"optimizer": optimizer, "lr": lr, "snr_ema": ema},
+    cfg = {"task": {"name": task}, "optim": {"optimizer": optimizer, "lr": lr, "snr_ema": ema},
            "algorithm": {"baseline": baseline, "lr_schedule": schedule},
            "rollout": {"prompts_per_step": n, "group_size": 8}, "train": {"seed": seed, "steps": steps}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -80,3 +80,24 @@ def test_report_writes_files_and_its_own_section(tmp_path):
     text = doc.read_text()
     assert text.index(prr.BEGIN) < text.index(prr.END) < text.index("## Reading")
     assert f"{out}/grid.png" in text
+
+
+def test_needed_rates_by_hand(tmp_path):
+    # arithmetic: best GRPO rate 0.1; the SNR rule's best row (eta_max 1, factor 0.5) -> needs 0.2
+    _run(tmp_path, "a-grpo-0.1", 0, lr=0.1, final=0.4)
+    _run(tmp_path, "a-grpo-1", 0, lr=1.0, final=0.2)
+    _run(tmp_path, "a-snr-1", 0, baseline="oblr", schedule="snr", lr=1.0, final=0.38, lrs=(0.5, 0.5))
+    _run(tmp_path, "a-snr-10", 0, baseline="oblr", schedule="snr", lr=10.0, final=0.1, lrs=(9.0, 9.0))  # worse row
+    # countdown: best GRPO rate 1; the rule's factor 0.1 at eta_max 1 -> needs 10
+    _run(tmp_path, "c-grpo-1", 0, lr=1.0, final=0.3, task="countdown")
+    _run(tmp_path, "c-grpo-0.1", 0, lr=0.1, final=0.2, task="countdown")
+    _run(tmp_path, "c-snr-1", 0, baseline="oblr", schedule="snr", lr=1.0, final=0.25, lrs=(0.1, 0.1), task="countdown")
+    _run(tmp_path, "x-grpo-1", 0, lr=1.0, final=0.3, task="countdown", n=16)  # another N: one task, no table
+    points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
+    md = prr.needed_rates(points)
+    assert md.count("#### The eta_max each rule needed") == 1 and "(sgd, N = 128, 50 steps)" in md
+    assert "| rule | arithmetic | countdown | spread (max / min) |" in md
+    assert "| fixed rate: the best GRPO rate | 0.1 | 1 | 10.0x |" in md
+    assert "| oblr-snr-ema: best rate / mean factor | 0.2 (factor 0.500 at 1) | 10 (factor 0.100 at 1) | 50.0x |" in md
+    assert "oblr-snr-batch" not in md  # a rule on fewer than two tasks gets no row
+    assert prr.needed_rates({k: v for k, v in points.items() if k[0] == "arithmetic"}) == ""
