@@ -180,6 +180,11 @@ def tables(points: dict) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _rate(x: float) -> str:
+    """Two significant digits, without an exponent from 100 up (160, not 1.6e+02)."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.2g}"
+
+
 #: the rules whose rate is ``eta_max`` times a logged factor (``snr/factor``)
 FACTOR_RULES = ("oblr-snr-batch", "oblr-snr-ema", "oblr-snradam-batch", "oblr-snradam-ema")
 
@@ -213,7 +218,7 @@ def needed_rates(points: dict) -> str:
                     continue
                 _, eta, p = max(rows, key=lambda r: r[0])
                 needed.append(bests[t][0] / p["factor_mean"])
-                cells.append(f"{needed[-1]:.2g} (factor {p['factor_mean']:.3f} at {eta:g})")
+                cells.append(f"{_rate(needed[-1])} (factor {p['factor_mean']:.3f} at {eta:g})")
             if len(needed) >= 2:
                 out.append(f"| {m}: best rate / mean factor | " + " | ".join(cells)
                            + f" | {max(needed) / min(needed):.1f}x |")

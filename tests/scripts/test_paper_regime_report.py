@@ -93,11 +93,18 @@ def test_needed_rates_by_hand(tmp_path):
     _run(tmp_path, "c-grpo-0.1", 0, lr=0.1, final=0.2, task="countdown")
     _run(tmp_path, "c-snr-1", 0, baseline="oblr", schedule="snr", lr=1.0, final=0.25, lrs=(0.1, 0.1), task="countdown")
     _run(tmp_path, "x-grpo-1", 0, lr=1.0, final=0.3, task="countdown", n=16)  # another N: one task, no table
+    # a factor of 0 (every step at lr 0) on countdown's most accurate EMA row: skipped, not divided by
+    _run(tmp_path, "c-snr-3", 0, baseline="oblr", schedule="snr", lr=3.0, final=0.29, lrs=(0.0, 0.0), task="countdown")
+    # the current-batch rule on arithmetic only: no row; word_problems has GRPO but no EMA rule: a "-" cell
+    _run(tmp_path, "a-batch-1", 0, baseline="oblr", schedule="snr", ema=0.0, lr=1.0, final=0.3, lrs=(0.5, 0.5))
+    _run(tmp_path, "w-grpo-1", 0, lr=1.0, final=0.3, task="word_problems")
+    _run(tmp_path, "w-grpo-0.1", 0, lr=0.1, final=0.2, task="word_problems")
     points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
     md = prr.needed_rates(points)
     assert md.count("#### The eta_max each rule needed") == 1 and "(sgd, N = 128, 50 steps)" in md
-    assert "| rule | arithmetic | countdown | spread (max / min) |" in md
-    assert "| fixed rate: the best GRPO rate | 0.1 | 1 | 10.0x |" in md
-    assert "| oblr-snr-ema: best rate / mean factor | 0.2 (factor 0.500 at 1) | 10 (factor 0.100 at 1) | 50.0x |" in md
+    assert "| rule | arithmetic | countdown | word_problems | spread (max / min) |" in md
+    assert "| fixed rate: the best GRPO rate | 0.1 | 1 | 1 | 10.0x |" in md
+    assert "| oblr-snr-ema: best rate / mean factor | 0.2 (factor 0.500 at 1) | 10 (factor 0.100 at 1) | - | 50.0x |" in md
     assert "oblr-snr-batch" not in md  # a rule on fewer than two tasks gets no row
     assert prr.needed_rates({k: v for k, v in points.items() if k[0] == "arithmetic"}) == ""
+    assert prr._rate(158.7) == "159" and prr._rate(0.00068) == "0.00068"
