@@ -101,6 +101,9 @@ class AlgorithmConfig:
                                                "the trainable parameters in float32); docs/scale.md",
                                    choices="oblr.gradnorm:CHECKPOINTED_ENGINES")
     track_snr: bool = opt(False, "compute and log S, V, SNR even when the schedule does not use them")
+    track_step_kl: bool = opt(False, "measure and log policy/step_kl, the per-token KL(old || new) of each update "
+                                     "on its own batch (one more forward pass, no backward); the kl schedule "
+                                     "always measures it")
     micro_batch_groups: int = opt(0, "prompt groups per forward/backward micro-batch (0 = all at once)",
                                   range=COUNT0)
     memory_plan: str = opt("none", "choose checkpointing (exact norms: the one-pass, recompute or two-pass engine) "

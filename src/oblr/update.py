@@ -286,6 +286,30 @@ def accumulate_policy_gradient(model, batch, rewards: torch.Tensor, settings: Up
                         ref_logprobs=torch.cat(ref_lps) if ref_lps else None, estimate=est)
 
 
+def step_kl_sums(model, batch, old_logprobs: torch.Tensor, settings: UpdateSettings, group_size: int,
+                 autocast=None) -> torch.Tensor:
+    """``[sum_{i,t} m_it k3_it, sum_{i,t} m_it]`` (float64, shape [2]) of the step just taken, on these rows.
+
+    ``k3_it = exp(d_it) - d_it - 1`` with ``d_it = new_it - old_it``: Schulman's estimator of
+    ``KL(pi_old || pi_new)`` from the tokens pi_old sampled (:func:`oblr.losses.sequence_kl` with the new
+    policy as the reference), ``old_logprobs`` the update's own [B, T] (``UpdateResult.old_logprobs``) and the
+    new ones from one forward pass of ``model`` without gradients, per micro-batch of ``settings``, scored
+    under the sampling distribution as the update scores them. Their ratio is the per-token KL of the step
+    (``policy/step_kl``); ranks add the two sums before dividing."""
+    B = batch.input_ids.shape[0]
+    rows_per_mb = settings.micro_batch_groups * group_size if settings.micro_batch_groups > 0 else B
+    rm = batch.response_mask
+    total = torch.zeros(2, dtype=torch.float64, device=old_logprobs.device)
+    with torch.no_grad():
+        for r0 in range(0, B, rows_per_mb):
+            rows = slice(r0, min(B, r0 + rows_per_mb))
+            new_lp = _scored_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows], rm[rows], settings,
+                                      autocast)[1]
+            k3 = sequence_kl(old_logprobs[rows].to(new_lp.dtype), new_lp, rm[rows]).sum()
+            total += torch.stack([k3.double(), rm[rows].to(torch.float64).sum()])
+    return total
+
+
 # policy_loss metrics that are token means (merged over micro-batches weighted by their token counts)
 _TOKEN_MEANS = ("actor/clip_frac", "actor/ratio_mean", "actor/kl")
 

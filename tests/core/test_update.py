@@ -23,6 +23,7 @@ from oblr.update import (
     UpdateSettings,
     accumulate_clipped_gradient,
     accumulate_policy_gradient,
+    step_kl_sums,
 )
 
 N, G = 3, 4
@@ -324,3 +325,46 @@ def test_weight_sources_are_a_registry_of_the_kinds_estimators_declare():
     assert WEIGHT_SOURCES.names() == sorted(k for k in WEIGHT_KINDS if k is not None)
     with pytest.raises(UnknownNameError, match="unknown weight source 'norms'; registered: exact, length, logit_energy"):
         WEIGHT_SOURCES.get("norms")
+
+
+def _step_kl_reference(old_model, new_model, batch):
+    """One sequence at a time: sum over its response tokens of k3 = r - 1 - log r, r = p_new / p_old."""
+    kl, tokens = 0.0, 0.0
+    for i in range(batch.input_ids.shape[0]):
+        row = slice(i, i + 1)
+        with torch.no_grad():
+            old = token_logprobs(old_model, batch.input_ids[row], batch.attention_mask[row])[0].double()
+            new = token_logprobs(new_model, batch.input_ids[row], batch.attention_mask[row])[0].double()
+        on = batch.response_mask[i] > 0
+        log_r = (new - old)[on]
+        kl += float((log_r.exp() - 1 - log_r).sum())
+        tokens += float(on.sum())
+    return kl, tokens
+
+
+@pytest.mark.parametrize("micro_batch_groups", [0, 1, 2])
+def test_step_kl_is_the_k3_sum_of_the_old_policys_tokens_one_sequence_at_a_time(setup, micro_batch_groups):
+    model, _, batch, rewards = setup
+    model = copy.deepcopy(model)
+    before = copy.deepcopy(model)
+    res, _ = _run(model, batch, rewards, baseline="grpo", need_snr=False)
+    with torch.no_grad():  # a real step: SGD along the update's own gradient, large enough to move every row
+        for p in _params(model):
+            p -= 20.0 * p.grad
+    settings = UpdateSettings(aggregation="seq_sum_const", max_len=MAX_LEN, micro_batch_groups=micro_batch_groups)
+    got = step_kl_sums(model, batch, res.old_logprobs, settings, G)
+    kl, tokens = _step_kl_reference(before, model, batch)
+    assert float(got[1]) == tokens == float(batch.response_mask.sum())
+    assert kl > 1e-4  # the step moved the policy: the comparison is not between zeros
+    assert float(got[0]) == pytest.approx(kl, rel=1e-4)
+    # no step, no change: the update's own log-probs against the same weights give exactly 0
+    assert float(step_kl_sums(before, batch, res.old_logprobs, settings, G)[0]) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_k3_averaged_over_the_old_policys_tokens_is_the_exact_kl():
+    """E_{y ~ p}[k3(y)] = KL(p || q), by enumeration of a 5-token vocabulary (sequence_kl with q as reference)."""
+    p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05], dtype=torch.float64)
+    q = torch.tensor([0.3, 0.3, 0.1, 0.2, 0.1], dtype=torch.float64)
+    lp, lq = p.log().view(-1, 1), q.log().view(-1, 1)  # one 1-token sequence per vocabulary entry
+    k3 = sequence_kl(lp, lq, torch.ones_like(lp))
+    assert float((p * k3).sum()) == pytest.approx(float((p * (p / q).log()).sum()), rel=1e-12)

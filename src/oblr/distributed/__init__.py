@@ -46,12 +46,19 @@ if TYPE_CHECKING:
     from .layout import check_layout, prompt_slice, row_slice, shard_rows, split_evenly
     from .parallel import PARALLEL, Replicated, Sharded, Single, make_parallel
     from .seeding import rank_seed, seed_all, seed_rank
-    from .step import DataParallelUpdate, clip_grads_, data_parallel_clipped_gradient, data_parallel_gradient
+    from .step import (
+        DataParallelUpdate,
+        clip_grads_,
+        data_parallel_clipped_gradient,
+        data_parallel_gradient,
+        data_parallel_step_kl,
+    )
 
 __all__ = [
     "PARALLEL", "Single", "DataParallelUpdate", "DistEnv", "DistributedSetupError", "Replicated", "Sharded",
     "all_gather_cat", "all_gather_objects", "all_reduce_grads", "all_reduce_sum", "broadcast_", "broadcast_object",
-    "check_layout", "clip_grads_", "data_parallel_clipped_gradient", "data_parallel_gradient", "global_totals",
+    "check_layout", "clip_grads_", "data_parallel_clipped_gradient", "data_parallel_gradient", "data_parallel_step_kl",
+    "global_totals",
     "grad_sq_norm", "init_distributed", "is_distributed", "is_main", "launched", "make_parallel", "prompt_slice",
     "rank", "rank_seed", "reduce_metrics", "require_launch", "resolve_backend", "row_slice", "seed_all",
     "seed_rank", "shard_rows", "shutdown", "split_evenly", "world_size",
@@ -66,6 +73,6 @@ _EXPORTS = {  # module -> the names this package exports from it (the imports ab
     ".parallel": ["PARALLEL", "Replicated", "Sharded", "Single", "make_parallel"],
     ".seeding": ["rank_seed", "seed_all", "seed_rank"],
     ".step": ["DataParallelUpdate", "clip_grads_", "data_parallel_clipped_gradient",
-            "data_parallel_gradient"],
+            "data_parallel_gradient", "data_parallel_step_kl"],
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

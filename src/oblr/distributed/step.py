@@ -33,7 +33,13 @@ from oblr.estimators import Estimate
 from oblr.losses import BatchTotals
 from oblr.params import params_grad_sq_norm, trainable_params
 from oblr.snr import SNRStats, snr_statistics
-from oblr.update import UpdateResult, UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
+from oblr.update import (
+    UpdateResult,
+    UpdateSettings,
+    accumulate_clipped_gradient,
+    accumulate_policy_gradient,
+    step_kl_sums,
+)
 
 from .collectives import all_gather_cat, broadcast_, global_totals, grad_sq_norm, reduce_metrics
 from .env import is_distributed
@@ -133,6 +139,18 @@ def data_parallel_clipped_gradient(model, batch, first: UpdateResult, settings: 
     metrics = accumulate_clipped_gradient(model, batch, first, settings, totals=totals)
     parallel.reduce_grads(trainable_params(model))
     return metrics
+
+
+def data_parallel_step_kl(model, batch, old_logprobs: torch.Tensor, settings: UpdateSettings,
+                          group_size: int) -> float:
+    """The per-token KL(pi_old || pi_new) of the step just taken, over the global batch (``policy/step_kl``).
+
+    Each rank sums k3 and its response tokens over its own rows (:func:`oblr.update.step_kl_sums`, one forward
+    pass without gradients); the [W, 2] sums are gathered and added in rank order, so every rank gets the same
+    number (a schedule that reads it sets bit-identical lrs). 0.0 when the batch has no response token."""
+    sums = all_gather_cat(step_kl_sums(model, batch, old_logprobs, settings, group_size).reshape(1, 2))
+    kl, tokens = (float(x) for x in sums.sum(0))
+    return kl / tokens if tokens > 0 else 0.0
 
 
 def clip_grads_(params, max_norm: float, grad_sq: torch.Tensor) -> torch.Tensor:

@@ -87,6 +87,7 @@ class RunSetup:
                                           warmup_steps=o.warmup_steps, total_steps=cfg.train.steps, ema=o.snr_ema,
                                           grad_clip=o.grad_clip, **cfg.algorithm.schedule_options)
         self.settings = UpdateSettings.from_config(run_cfg, schedule_needs_snr=self.lr_ctrl.needs_snr)
+        self.measure_step_kl = cfg.algorithm.track_step_kl or getattr(self.lr_ctrl, "needs_step_kl", False)
         self.start_step, self.history = 0, {"eval": []}
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)

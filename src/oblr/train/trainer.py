@@ -31,6 +31,7 @@ from oblr.distributed import (
     clip_grads_,
     data_parallel_clipped_gradient,
     data_parallel_gradient,
+    data_parallel_step_kl,
     grad_sq_norm,
     prompt_slice,
     shutdown,
@@ -216,6 +217,13 @@ class Trainer(RunSetup):
                 if cfg.optim.grad_clip > 0:
                     clip_grads_(params, cfg.optim.grad_clip, grad_sq_norm(params))
                 self.optimizer.step()
+            if self.measure_step_kl:  # the policy's change over this update, on its own rows
+                t_kl = time.perf_counter()
+                kl = data_parallel_step_kl(self.model, batch, res.old_logprobs, self.settings, cfg.rollout.group_size)
+                metrics["policy/step_kl"] = kl
+                if getattr(self.lr_ctrl, "needs_step_kl", False):
+                    self.lr_ctrl.observe_step_kl(kl)
+                times["time/step_kl"] = time.perf_counter() - t_kl
             t_sync = time.perf_counter()
             self.engine.sync_weights(self.model)  # the next rollouts (and evals) use the updated weights
             times["time/sync"] = time.perf_counter() - t_sync
