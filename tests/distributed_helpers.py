@@ -19,7 +19,7 @@ import torch
 
 from oblr.distributed import grad_sq_norm
 from oblr.snr import SNRLearningRate, snr_statistics
-from oblr.update import UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient
+from oblr.update import UpdateSettings, accumulate_clipped_gradient, accumulate_policy_gradient, step_kl_sums
 
 N, G, VOCAB = 4, 4, 61
 
@@ -192,11 +192,18 @@ def _one_process_step(model, ref_model, sc: Scenario, micro_batch_groups: int | 
         out["grads2"] = [p.grad.detach().clone() for p in params]
         opt.step()
     out["params"] = [p.detach().clone() for p in params]
+    kl = step_kl_sums(model, batch, res.old_logprobs, settings, G)  # the policy's change over the whole step
+    out["step_kl"] = float(kl[0] / kl[1])
     return out
 
 
 def _data_parallel_step(model, ref_model, sc: Scenario, parallel, rank: int, world: int) -> dict:
-    from oblr.distributed import clip_grads_, data_parallel_clipped_gradient, data_parallel_gradient
+    from oblr.distributed import (
+        clip_grads_,
+        data_parallel_clipped_gradient,
+        data_parallel_gradient,
+        data_parallel_step_kl,
+    )
     from oblr.distributed.layout import prompt_slice, row_slice, shard_rows
 
     batch, rewards = fixed_batch()
@@ -219,4 +226,5 @@ def _data_parallel_step(model, ref_model, sc: Scenario, parallel, rank: int, wor
         out["grads2"] = [p.grad.detach().clone() for p in params]
         opt.step()
     out["params"] = [p.detach().clone() for p in params]
+    out["step_kl"] = data_parallel_step_kl(model, batch, up.update.old_logprobs, sc.settings(), G)
     return out

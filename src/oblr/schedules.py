@@ -9,8 +9,10 @@ groups' lr and the shared state live once in :class:`oblr.lr_control.LRControlle
 controller subclasses (:class:`SNRSchedule` adapts :class:`~oblr.snr.SNRLearningRate`, one of them). Registered: ``snr`` (OBLR-PO, :class:`SNRSchedule`
 over :class:`oblr.snr.SNRLearningRate`), ``snr_adam`` (the same factor for an Adam-family step, counting its
 momentum's averaging: :class:`oblr.snr.AdamSNRLearningRate`; Adam-family optimizers only, the
-``optimizers`` attribute), ``constant``, ``cosine`` (with linear warm-up), and ``auto``
-(the measured step scale, :mod:`oblr.step_scale`, registered when that module is imported at the end).
+``optimizers`` attribute), ``constant``, ``cosine`` (with linear warm-up), ``auto``
+(the measured step scale, :mod:`oblr.step_scale`) and ``kl`` (the lr that moves the policy by a target KL per
+step, :mod:`oblr.kl_rate`; its controller also has ``observe_step_kl``, called after each update when its
+``needs_step_kl`` is set), the last two registered when the registry first loads their modules.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from oblr.lr_control import LRController, warmup_factor
 from oblr.registry import Registry
 from oblr.snr import AdamSNRLearningRate, SNRLearningRate, SNRStats
 
-SCHEDULES = Registry("learning-rate schedule", modules=("oblr.step_scale",))  # step_scale registers "auto"
+SCHEDULES = Registry("learning-rate schedule", modules=("oblr.step_scale", "oblr.kl_rate"))  # "auto", "kl"
 
 
 def register_schedule(name: str):

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("oblr", "oblr._lazy", "oblr.registry", "oblr.checks", "oblr.hashing", "oblr.safe_load",
                     "oblr.disk_errors", "oblr.provenance", "oblr.plugins")),
     ("algorithm", ("oblr.params", "oblr.logprobs", "oblr.losses", "oblr.estimators", "oblr.estimator_enumeration",
-                   "oblr.snr", "oblr.schedules", "oblr.step_scale", "oblr.memory_model", "oblr.flop_model",
+                   "oblr.snr", "oblr.schedules", "oblr.step_scale", "oblr.kl_rate", "oblr.memory_model", "oblr.flop_model",
                    "oblr.gradnorm")),
     ("update core", ("oblr.update",)),
     ("distributed", ("oblr.distributed",)),

@@ -23,9 +23,9 @@ def _stats(seed: int, n: int = 4):
 
 
 def test_registry_names_and_unknown_name():
-    assert available_schedules() == SCHEDULES.names() == ["auto", "constant", "cosine", "snr", "snr_adam"]
+    assert available_schedules() == SCHEDULES.names() == ["auto", "constant", "cosine", "kl", "snr", "snr_adam"]
     with pytest.raises(ValueError, match="unknown learning-rate schedule 'linear'; registered: auto, constant, cosine, "
-                                         "snr, snr_adam"):
+                                         "kl, snr, snr_adam"):
         make_lr_controller("linear", _opt(), lr=1e-3)
     with pytest.raises(ValueError, match="already registered"):
         register_schedule("snr")(object)

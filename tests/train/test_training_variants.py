@@ -89,6 +89,53 @@ def test_auto_schedule_options_come_from_the_config_and_the_clip_factor_reaches_
     assert kappa_logged != pytest.approx(kappa_expected / c, rel=1e-2)  # c = 1 is told apart
 
 
+KL_RULE = ["optim.optimizer=adamw", "optim.lr=0.01", "algorithm.lr_schedule=kl", "optim.grad_clip=0.5",
+           "algorithm.schedule_options={target: 0.0001, probe: 0.1, kl_ema: 0, max_change: 2}"]
+
+
+def test_kl_schedule_sets_each_lr_from_the_kl_the_trainer_measured_after_the_previous_update(small_builtin, tmp_path):
+    """With ``kl_ema`` 0 the lr of step t+1 is ``sqrt(target / k_t)``, ``k_t = policy/step_kl / lr_t^2`` (the first
+    measurement uncapped, later ones at most 2 lr_t), recomputed here from the logged rows; step 1 runs at the
+    probe. A trainer that passed the KL before the update, or another step's, would set other lrs."""
+    rows = _train(small_builtin, tmp_path / "run", *KL_RULE, steps=4)
+    assert rows[0]["optim/lr"] == pytest.approx(0.01 * 0.1)
+    kls = [r["policy/step_kl"] for r in rows]
+    assert all(k > 0 for k in kls) and len(set(kls)) == 4 and all(r["time/step_kl"] > 0 for r in rows)
+    moved = 0
+    for t in range(3):
+        lr, kl = rows[t]["optim/lr"], kls[t]
+        want = math.sqrt(1e-4 * lr**2 / kl)
+        expected = want if t == 0 else min(want, 2 * lr)
+        assert rows[t + 1]["optim/lr"] == pytest.approx(expected, rel=1e-9), t
+        assert rows[t]["kl/stiffness"] == pytest.approx(kl / lr**2, rel=1e-9)  # logged with the step it measured
+        moved += abs(rows[t + 1]["optim/lr"] / lr - 1) > 0.05
+    assert moved >= 2  # the rule moved the lr: the comparison is not between constants
+
+
+def test_kl_schedule_resumes_with_the_lrs_of_the_uninterrupted_run(small_builtin, tmp_path):
+    straight = _train(small_builtin, tmp_path / "a", *KL_RULE, steps=4)
+    _train(small_builtin, tmp_path / "b", *KL_RULE, steps=2)
+    cfg = load_config(None, [f"model.name_or_path={small_builtin}", "train.steps=4", f"train.output_dir={tmp_path / 'b'}",
+                             *TINY, *KL_RULE])
+    Trainer(cfg, resume=True, quiet=True).run()
+    resumed = [r for r in read_metrics(tmp_path / "b") if "train/reward_mean" in r]
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(straight, resumed):
+        assert b["optim/lr"] == pytest.approx(a["optim/lr"], rel=1e-6) and b["policy/step_kl"] == pytest.approx(
+            a["policy/step_kl"], rel=1e-4)
+
+
+def test_track_step_kl_logs_the_policys_change_with_a_fixed_lr(small_builtin, tmp_path):
+    rows = _train(small_builtin, tmp_path / "run", "algorithm.baseline=grpo", "algorithm.lr_schedule=constant",
+                  "optim.lr=0.001", "algorithm.track_step_kl=true")
+    assert all(r["policy/step_kl"] > 0 and r["optim/lr"] == 0.001 for r in rows)
+    plain = _train(small_builtin, tmp_path / "plain", "algorithm.baseline=grpo", "algorithm.lr_schedule=constant",
+                   "optim.lr=0.001")
+    assert not any("policy/step_kl" in r for r in plain)
+    for a, b in zip(rows, plain):  # measuring changes nothing the run does
+        assert a["optim/loss"] == b["optim/loss"] and a["train/reward_mean"] == b["train/reward_mean"]
+
+
 RECOMPUTE = "algorithm.checkpointed_engine=recompute"
 
 

@@ -102,6 +102,8 @@ def test_actor_learning_rate_refuses_schedules_without_snr_and_needs_the_norm_pa
     opt = torch.optim.AdamW(model.parameters(), lr=h.LR)
     with pytest.raises(ValueError, match="does not use S and V"):
         ActorLearningRate(opt, "cosine", lr=h.LR)
+    with pytest.raises(ValueError, match="only oblr train measures"):  # kl: no silent constant lr in verl
+        ActorLearningRate(opt, "kl", lr=h.LR)
     lr = ActorLearningRate(opt, "snr", lr=h.LR)
     with pytest.raises(ValueError, match=r"no meta_info\['oblr_norm_pass'\]"):
         lr.pending_from(h.data_proto(h.sample_rollouts(model, seed=5)))

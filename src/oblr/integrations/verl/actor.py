@@ -186,6 +186,9 @@ class ActorLearningRate:
         self.controller = make_lr_controller(schedule, optimizer, lr=lr, eta_min=eta_min, ema=ema,
                                              warmup_steps=warmup_steps, total_steps=total_steps,
                                              grad_clip=grad_clip, **options)
+        if getattr(self.controller, "needs_step_kl", False):
+            raise ValueError(f"oblr learning rate: schedule {schedule!r} sets the lr from the policy's KL per step, "
+                             f"which only oblr train measures (policy/step_kl); in verl use snr, snr_adam or auto")
         if not getattr(self.controller, "needs_snr", False):
             raise ValueError(f"oblr learning rate: schedule {schedule!r} does not use S and V; keep verl's own "
                              f"lr scheduler instead")
