@@ -88,11 +88,12 @@ def run_record(run: Path) -> dict:
             "step_seconds": statistics.median(times) if times else math.nan}
 
 
-def find_runs(roots: list[Path]) -> list[Path]:
+def find_runs(roots: list[Path], tool: str = "paper_regime_report") -> list[Path]:
+    """Every run folder (``seed*/config.yaml``, checkpoints aside) under ``roots``; none is an error naming ``tool``."""
     runs = sorted({p.parent for root in roots for p in Path(root).rglob("config.yaml")
                    if p.parent.name.startswith("seed") and "checkpoints" not in p.parts})
     if not runs:
-        raise SystemExit(f"paper_regime_report: no run folder (seed*/config.yaml) under {', '.join(map(str, roots))}")
+        raise SystemExit(f"{tool}: no run folder (seed*/config.yaml) under {', '.join(map(str, roots))}")
     return runs
 
 
