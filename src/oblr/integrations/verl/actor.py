@@ -174,7 +174,7 @@ class ActorLearningRate:
 
     def __init__(self, optimizer, schedule: str = "snr", *, lr: float, eta_min: float = 0.0, ema: float = 0.0,
                  warmup_steps: int = 0, total_steps: int = 1, grad_clip: float = 0.0, **options):
-        from oblr.schedules import make_lr_controller
+        from oblr.schedules import SCHEDULES, make_lr_controller
 
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if any(type(p).__name__ == "FlatParameter" for p in params):
@@ -183,15 +183,16 @@ class ActorLearningRate:
         if schedule == "auto" and _sharded(params):
             raise ValueError("oblr learning rate: lr_schedule=auto reads whole parameters and gradients, which "
                              "FSDP2 shards over ranks; use lr_schedule=snr")
+        factory = SCHEDULES.get(schedule)  # refused from the class, before it touches the optimizer's lr
+        if getattr(factory, "needs_step_kl", False):
+            raise ValueError(f"oblr learning rate: schedule {schedule!r} sets the lr from the policy's KL per step, "
+                             f"which only oblr train measures (policy/step_kl); in verl use snr, snr_adam or auto")
+        if not getattr(factory, "needs_snr", False):
+            raise ValueError(f"oblr learning rate: schedule {schedule!r} does not use S and V; keep verl's own "
+                             f"lr scheduler instead")
         self.controller = make_lr_controller(schedule, optimizer, lr=lr, eta_min=eta_min, ema=ema,
                                              warmup_steps=warmup_steps, total_steps=total_steps,
                                              grad_clip=grad_clip, **options)
-        if getattr(self.controller, "needs_step_kl", False):
-            raise ValueError(f"oblr learning rate: schedule {schedule!r} sets the lr from the policy's KL per step, "
-                             f"which only oblr train measures (policy/step_kl); in verl use snr, snr_adam or auto")
-        if not getattr(self.controller, "needs_snr", False):
-            raise ValueError(f"oblr learning rate: schedule {schedule!r} does not use S and V; keep verl's own "
-                             f"lr scheduler instead")
         self.params = params
         self.schedule = schedule
         self.pending: tuple[float, int] | None = None
