@@ -13,17 +13,20 @@ repository, and ``oblr compare`` with the same grid reuses it (config.yaml + sum
 runs only what is missing; checkpoints and metrics stay local. ``grid-core.yaml`` holds the decade points
 (AdamW 1e-5..1e-2, SGD 0.01..10) of ``grpo-const`` and ``oblr-snr``, so that the comparison the issue asks
 for exists before the half-decade points fill it in; ``grid-auto-core.yaml`` the same points of ``oblr-auto``; ``grid-window.yaml``
-half-decade points at the edges of the windows the decade points show.
+half-decade points at the edges of the windows the decade points show; ``grid-kl-first.yaml`` the kl schedule
+from the guesses 1e-3 (AdamW) and 1 (SGD).
 
 ``grids`` writes one ``oblr compare`` grid per method (``grpo-const``: GRPO baseline, constant rate;
 ``oblr-snr``: OBLR-PO, the SNR rule with eta_max = lr; ``oblr-auto``: OBLR-PO with the measured step
-scale, lr = its initial guess), each over AdamW lr 1e-5..1e-2 and SGD lr 0.01..10 in half-decade steps,
+scale, lr = its initial guess; ``oblr-kl``: OBLR-PO with the lr set from the policy's KL per step, lr = its
+guess), each over AdamW lr 1e-5..1e-2 and SGD lr 0.01..10 in half-decade steps,
 seeds 0, 1, 2, on the default built-in run (200 steps, evaluation every 50 steps). Run folders are
 ``OUT/<method>-<optimizer>-lr<lr>/seed<k>/``.
 
 Where the committed runs are: ``benchmarks/results/lr-sweep/`` (grpo-const and oblr-snr: grid-core and
 grid-window), ``benchmarks/results/lr-sweep-auto/`` (oblr-auto with the code now, grid-auto-core: run it with
-``--out benchmarks/results/lr-sweep-auto``), ``benchmarks/results/lr-sweep-auto-attempt3/`` (the same
+``--out benchmarks/results/lr-sweep-auto``), ``benchmarks/results/lr-sweep-kl/`` (oblr-kl, grid-kl-first),
+``benchmarks/results/lr-sweep-auto-attempt3/`` (the same
 points with the previous estimator, seed 0 only, kept as the record of that attempt; docs/algorithm.md).
 The auto runs live apart because a run folder does not record which estimator made it, and ``oblr
 compare`` would reuse an old attempt's finished folder for the new one.
@@ -62,6 +65,7 @@ METHODS = {  # name -> overrides; the lr is the peak (constant, snr) or the init
     "grpo-const": {"algorithm.baseline": "grpo", "algorithm.lr_schedule": "constant"},
     "oblr-snr": {"algorithm.baseline": "oblr", "algorithm.lr_schedule": "snr"},
     "oblr-auto": {"algorithm.baseline": "oblr", "algorithm.lr_schedule": "auto"},
+    "oblr-kl": {"algorithm.baseline": "oblr", "algorithm.lr_schedule": "kl"},
 }
 SEEDS = [0, 1, 2]
 BASE = {"train": {"eval_every": 50, "save_every": 100, "keep_checkpoints": 1}}
@@ -104,11 +108,23 @@ def window_grid() -> dict:
             "seeds": list(SEEDS), "base": BASE, "runs": runs}
 
 
+#: the kl schedule's first points: its guesses 1e-3 (AdamW) and 1 (SGD), the defaults of the paper's-regime runs
+KL_FIRST_POINTS = [("oblr-kl", "adamw", 1e-3), ("oblr-kl", "sgd", 1.0)]
+
+
+def kl_first_grid() -> dict:
+    """:data:`KL_FIRST_POINTS` (a subset of ``grid("oblr-kl")``, same folder names): the kl schedule at N = 16."""
+    runs = [{"name": point_name(m, opt, lr), **METHODS[m], "optim.optimizer": opt, "optim.lr": lr}
+            for m, opt, lr in KL_FIRST_POINTS]
+    return {"description": "lr sensitivity: the kl schedule (default target 3e-3) from the guesses 1e-3 (AdamW) "
+            "and 1 (SGD) (issue 38)", "seeds": list(SEEDS), "base": BASE, "runs": runs}
+
+
 def write_grids(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, g in [(m, grid(m)) for m in METHODS] + [("core", core_grid()), ("auto-core", core_grid(("oblr-auto",))),
-                                                         ("window", window_grid())]:
+                                                         ("window", window_grid()), ("kl-first", kl_first_grid())]:
         p = out / f"grid-{name}.yaml"
         p.write_text(yaml.safe_dump(g, sort_keys=False), encoding="utf-8")
         paths.append(p)

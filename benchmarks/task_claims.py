@@ -18,7 +18,8 @@ default run (``task.name=<task>``, so its built-in model), seeds 0, 1, 2:
   names them) at AdamW 1e-5, 1e-4, 1e-3, 1e-2;
 - the method comparison at a fixed rate, as the built-in task's paper-check grid does: ``rloo-const`` and
   ``oblr-const`` (the OBLR-PO baseline without the SNR rule) at 1e-4, beside ``grpo-const`` at 1e-4 and
-  ``oblr-snr`` with eta_max 1e-3 from the sweep (the same folders, run once).
+  ``oblr-snr`` with eta_max 1e-3 from the sweep (the same folders, run once); and ``oblr-kl`` (the lr set
+  from the policy's KL per step) from the guess 1e-3.
 
 Run folders are ``OUT/<method>-adamw-lr<lr>/seed<k>/``; ``benchmarks/results/task-claims/`` keeps only each
 run's ``config.yaml`` and ``summary.json`` (its ``.gitignore``): the configuration and result of every point
@@ -34,7 +35,7 @@ the finished seeds), a PNG of accuracy against lr with one panel per task, and t
 
 - best tuned fixed rate: the ``grpo-const`` lr with the highest mean final accuracy;
 - ``auto`` at its worst guess: the lowest mean final accuracy of ``oblr-auto`` over its initial guesses;
-- whether OBLR-PO (the baseline, fixed rate; and with the SNR rule) beats RLOO and GRPO (fixed 1e-4)
+- whether OBLR-PO (the baseline, fixed rate; with the SNR rule; with the kl schedule) beats RLOO and GRPO (fixed 1e-4)
   beyond seed noise: the difference of means against twice its standard error
   ``sqrt(s_a^2/n_a + s_b^2/n_b)`` (``beats`` / ``behind`` / ``within noise``).
 
@@ -68,9 +69,10 @@ METHODS = {**lrs.METHODS,
            "oblr-const": {"algorithm.baseline": "oblr", "algorithm.lr_schedule": "constant"}}
 SWEEP_METHODS = ("grpo-const", "oblr-snr", "oblr-auto")
 SWEEP_LRS = (1e-5, 1e-4, 1e-3, 1e-2)
-#: the method comparison: (method, lr); the fixed-rate methods at 1e-4, the SNR rule with eta_max 1e-3
-COMPARISON = (("grpo-const", 1e-4), ("rloo-const", 1e-4), ("oblr-const", 1e-4), ("oblr-snr", 1e-3))
-OBLR_ROWS = ("oblr-const", "oblr-snr")
+#: the method comparison: (method, lr); the fixed-rate methods at 1e-4, the SNR rule with eta_max 1e-3, the kl
+#: schedule from the guess 1e-3
+COMPARISON = (("grpo-const", 1e-4), ("rloo-const", 1e-4), ("oblr-const", 1e-4), ("oblr-snr", 1e-3), ("oblr-kl", 1e-3))
+OBLR_ROWS = ("oblr-const", "oblr-snr", "oblr-kl")
 REFERENCE_ROWS = ("rloo-const", "grpo-const")
 SEEDS = [0, 1, 2]
 PROTOCOL = {"train": {"steps": 100, "eval_every": 50, "save_every": 100, "keep_checkpoints": 1}}
@@ -91,9 +93,10 @@ def grid(task: str, steps: int | None = None, only: tuple[str, ...] = ()) -> dic
             "seeds": list(SEEDS), "base": base, "runs": runs}
 
 
-def write_grid(task: str, out: Path, steps: int | None = None, only: tuple[str, ...] = ()) -> Path:
+def write_grid(task: str, out: Path, steps: int | None = None, only: tuple[str, ...] = (),
+               name: str = "grid-claims") -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "grid-claims.yaml"
+    path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(grid(task, steps, only), sort_keys=False), encoding="utf-8")
     return path
 
@@ -175,7 +178,8 @@ def task_tables(task: str, points: dict, steps: int) -> str:
            "Learning-rate sensitivity, AdamW (final held-out sampled accuracy %, mean ± std (finished seeds)):", "",
            "| lr | " + " | ".join(SWEEP_METHODS) + " |", "|---|" + "---|" * len(SWEEP_METHODS)]
     out += [f"| {lr:g} | " + " | ".join(cell(points.get((m, lr))) for m in SWEEP_METHODS) + " |" for lr in lr_rows]
-    out += ["", "Method comparison (fixed rate 1e-4; the SNR rule with eta_max 1e-3):", "",
+    out += ["", "Method comparison (fixed rate 1e-4; the SNR rule with eta_max 1e-3; the kl schedule from the guess 1e-3):",
+            "",
             "| method | lr | final sampled acc. (%) |", "|---|---|---|"]
     out += [f"| {m} | {lr:g} | {cell(points.get((m, lr)))} |" for m, lr in COMPARISON]
     return "\n".join(out) + "\n"
@@ -261,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--out", type=Path, required=True)
     g.add_argument("--only", default="", help="comma-separated methods: only their points (e.g. rloo-const,oblr-const "
                    "beside the built-in task's committed lr sweep)")
+    g.add_argument("--name", default="grid-claims", help="the grid file's name without .yaml (default grid-claims; "
+                   "e.g. grid-claims-kl for --only oblr-kl beside a grid already run)")
     r = sub.add_parser("report", help="per-task tables, the cross-task table and a PNG from run folders")
     r.add_argument("--task", type=parse_task, action="append", required=True, metavar="NAME=ROOT[,ROOT...]")
     r.add_argument("--out", type=Path, default=Path("outputs/task_claims"))
@@ -275,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [m for m in only if m not in METHODS]
         if unknown:
             raise SystemExit(f"task_claims: --only {', '.join(unknown)}: not a method ({', '.join(METHODS)})")
-        print(write_grid(args.task, args.out, args.steps, only))
+        print(write_grid(args.task, args.out, args.steps, only, args.name))
         return 0
     md = report(dict(args.task), args.out)
     print(md)

@@ -37,15 +37,16 @@ def _fake_run(root: Path, method: str, opt: str, lr: float, seed: int, final: fl
 def test_grids_are_valid_oblr_compare_grids_with_the_sweep_names(tmp_path):
     paths = lrs.write_grids(tmp_path)
     assert [p.name for p in paths] == ["grid-grpo-const.yaml", "grid-oblr-snr.yaml", "grid-oblr-auto.yaml",
-                                       "grid-core.yaml", "grid-auto-core.yaml", "grid-window.yaml"]
+                                       "grid-oblr-kl.yaml", "grid-core.yaml", "grid-auto-core.yaml", "grid-window.yaml",
+                                       "grid-kl-first.yaml"]
     decades = [("adamw", 1e-5), ("adamw", 1e-4), ("adamw", 1e-3), ("adamw", 1e-2), ("sgd", 0.01), ("sgd", 0.1),
                ("sgd", 1.0), ("sgd", 10.0)]
-    core = plan_grid(load_grid(paths[3]), tmp_path / "out")  # decade points of both methods, both optimizers
+    core = plan_grid(load_grid(paths[4]), tmp_path / "out")  # decade points of both methods, both optimizers
     assert {p.variant for p in core} == {lrs.point_name(m, o, lr) for m in ("grpo-const", "oblr-snr")
                                          for o, lr in decades}
-    auto_core = plan_grid(load_grid(paths[4]), tmp_path / "out")
+    auto_core = plan_grid(load_grid(paths[5]), tmp_path / "out")
     assert {p.variant for p in auto_core} == {lrs.point_name("oblr-auto", o, lr) for o, lr in decades}
-    window = plan_grid(load_grid(paths[5]), tmp_path / "out")  # a subset of the half-decade grids' folders
+    window = plan_grid(load_grid(paths[6]), tmp_path / "out")  # a subset of the half-decade grids' folders
     half = {p.variant for m in ("grpo-const", "oblr-snr") for p in plan_grid(load_grid(paths[list(lrs.METHODS).index(m)]),
                                                                               tmp_path / "out")}
     assert {p.variant for p in window} <= half and len(window) == 3 * len(lrs.WINDOW_POINTS)
@@ -53,6 +54,10 @@ def test_grids_are_valid_oblr_compare_grids_with_the_sweep_names(tmp_path):
     assert len(plan) == 14 * 3
     names = {p.variant for p in plan}
     assert {"grpo-const-adamw-lr1e-05", "grpo-const-adamw-lr0.0001", "grpo-const-sgd-lr1", "grpo-const-sgd-lr10"} <= names
+    kl_first = plan_grid(load_grid(paths[7]), tmp_path / "out")  # a subset of the kl guesses' folders
+    kl_all = {p.variant for p in plan_grid(load_grid(paths[3]), tmp_path / "out")}
+    assert {p.variant for p in kl_first} == {"oblr-kl-adamw-lr0.001", "oblr-kl-sgd-lr1"} <= kl_all
+    assert {p.cfg.algorithm.lr_schedule for p in kl_first} == {"kl"} and len(kl_first) == 2 * 3
     auto = yaml.safe_load(paths[2].read_text())
     assert {r["algorithm.lr_schedule"] for r in auto["runs"]} == {"auto"} and auto["seeds"] == [0, 1, 2]
 

@@ -35,11 +35,15 @@ def _fake_run(root: Path, method: str, lr: float, seed: int, final: float | None
 def test_grid_is_a_valid_compare_grid_on_the_task_with_the_comparison_first(tmp_path):
     path = tc.write_grid("countdown", tmp_path, steps=40)
     plan = plan_grid(load_grid(path), tmp_path / "out")  # validates every config
-    assert len(plan) == 14 * 3
+    assert len(plan) == 15 * 3  # 3 sweep methods x 4 rates, and the comparison's rloo, oblr-const and oblr-kl
     assert {p.cfg.task.name for p in plan} == {"countdown"} and {p.cfg.train.steps for p in plan} == {40}
-    first = list(dict.fromkeys(p.variant for p in plan))[:4]
+    first = list(dict.fromkeys(p.variant for p in plan))[:len(tc.COMPARISON)]
     assert first == [tc.lrs.point_name(m, "adamw", lr) for m, lr in tc.COMPARISON]
     assert {"oblr-auto-adamw-lr1e-05", "oblr-snr-adamw-lr0.01", "grpo-const-adamw-lr0.001"} <= {p.variant for p in plan}
+    assert {p.cfg.algorithm.lr_schedule for p in plan if p.variant == "oblr-kl-adamw-lr0.001"} == {"kl"}
+    only = plan_grid(load_grid(tc.write_grid("countdown", tmp_path, only=("oblr-kl",), name="grid-claims-kl")),
+                     tmp_path / "out")
+    assert {p.variant for p in only} == {"oblr-kl-adamw-lr0.001"} and (tmp_path / "grid-claims.yaml").is_file()
 
 
 def test_report_verdicts_best_fixed_rate_and_auto_worst_guess(tmp_path):
@@ -49,6 +53,7 @@ def test_report_verdicts_best_fixed_rate_and_auto_worst_guess(tmp_path):
         _fake_run(root, "rloo-const", 1e-4, seed, r)
         _fake_run(root, "oblr-const", 1e-4, seed, o)
         _fake_run(root, "oblr-snr", 1e-3, seed, s)
+        _fake_run(root, "oblr-kl", 1e-3, seed, g - 0.05)
         _fake_run(root, "grpo-const", 1e-3, seed, 0.25)
         _fake_run(root, "oblr-auto", 1e-5, seed, 0.15 + 0.01 * seed)
         _fake_run(root, "oblr-auto", 1e-2, seed, 0.35)
@@ -62,6 +67,9 @@ def test_report_verdicts_best_fixed_rate_and_auto_worst_guess(tmp_path):
     # oblr-const vs rloo-const: +10 points, se ~0.8 -> beats; vs grpo-const beats; oblr-snr vs rloo: -1 within noise
     assert cells[4].startswith("beats (+10.0") and cells[5].startswith("beats (+") and cells[6].startswith("within noise")
     assert cells[7].startswith("beats (+")
+    # oblr-kl (grpo - 5 points) vs rloo-const: behind; vs grpo-const: -5.0 exactly, se 0.8 -> behind
+    assert cells[8].startswith("behind (-15.0") and cells[9].startswith("behind (-5.0 ± 0.8)")
+    assert "| oblr-kl | 0.001 | 16.0 ± 1.0 (3) |" in md
     assert "| 0.01 | missing; unfinished [0] | – | 35.0 ± 0.0 (3) |" in md
     assert (tmp_path / "out" / "task_claims.png").stat().st_size > 1000
 
