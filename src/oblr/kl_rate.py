@@ -22,6 +22,12 @@ keeps the lr. ``delta`` is in nats per response token and means the same for SGD
 two need differ by four decades, the KL a step may move the policy need not. Whether one ``delta`` serves
 every task is a measurement (docs/results.md, "The paper's regime"), not a property of the rule.
 
+``delta`` (``schedule_options.target``) defaults to 3e-3 x N / 128 for N prompts per step (``oblr train``
+passes ``rollout.prompts_per_step``): 3e-3 at the paper's N = 128, 3.75e-4 at N = 16. A step of a smaller
+batch carries more noise for the same KL; Adam's square-root scaling rule (lr ~ sqrt(batch)) is, in KL ~ lr^2,
+a KL per step proportional to the batch. Measured: at N = 16 the unscaled 3e-3 applied 3x the best fixed rate
+and lost to it, the scaled target applied about the best fixed rate (docs/results.md).
+
 Cost: one forward pass without gradients over the batch per step (``time/step_kl``). It runs where that
 measurement runs: ``oblr train`` in one process and under torchrun (DDP, FSDP2: every rank reads the same
 gathered KL, so the lrs are bit-identical). The TRL and verl adapters do not measure it and refuse the name.
@@ -36,9 +42,21 @@ from oblr.checks import Range
 from oblr.lr_control import LRController
 from oblr.schedules import register_schedule
 
-#: the per-token KL a step moves the policy by, when ``schedule_options.target`` is not given: about what the
-#: tuned AdamW rates of the built-in tasks moved it by in the paper's regime (benchmarks/step_kl_report.py)
+#: the per-token KL a step moves the policy by at :data:`REFERENCE_PROMPTS` prompts per step, when
+#: ``schedule_options.target`` is not given: about what the tuned AdamW rates of the built-in tasks moved it by
+#: in the paper's regime (benchmarks/step_kl_report.py)
 DEFAULT_TARGET = 3e-3
+#: the batch :data:`DEFAULT_TARGET` was measured at (N = 128 prompts x 8 samples)
+REFERENCE_PROMPTS = 128
+
+
+def default_target(prompts_per_step: int | None) -> float:
+    """The target when none is given: :data:`DEFAULT_TARGET` x N / :data:`REFERENCE_PROMPTS` (the square-root
+    scaling of Adam's rate with the batch, lr ~ sqrt(N), written in KL ~ lr^2), or :data:`DEFAULT_TARGET` when
+    N is not known (a controller built outside ``oblr train``)."""
+    if prompts_per_step is None:
+        return DEFAULT_TARGET
+    return DEFAULT_TARGET * prompts_per_step / REFERENCE_PROMPTS
 
 
 def stiffness(kl: float, lr: float) -> float | None:
@@ -75,10 +93,13 @@ class KLStepSchedule(LRController):
     needs_step_kl = True
 
     def __init__(self, optimizer, *, lr, eta_min=0.0, warmup_steps=0, total_steps=1, ema=0.0,
-                 target: Annotated[float, Range(gt=0, le=10)] = DEFAULT_TARGET,
+                 target: Annotated[float | None, Range(gt=0, le=10)] = None,
+                 prompts_per_step: Annotated[int | None, Range(ge=1)] = None,
                  max_change: Annotated[float, Range(ge=1, le=1e6)] = 2.0,
                  kl_ema: Annotated[float, Range(ge=0, lt=1)] = 0.5,
                  probe: Annotated[float, Range(gt=0, le=1)] = 0.1):
+        if target is None:
+            target = default_target(prompts_per_step)
         if not (0 < target and max_change >= 1 and 0 <= kl_ema < 1 and 0 < probe <= 1):
             raise ValueError(f"kl schedule: need target > 0, max_change >= 1, 0 <= kl_ema < 1, 0 < probe <= 1; "
                              f"got {target}, {max_change}, {kl_ema}, {probe}")

@@ -12,7 +12,7 @@ import torch
 from conftest import tiny_qwen3
 from test_update import MAX_LEN, _batch
 
-from oblr.kl_rate import KLStepSchedule, average_log, next_lr, stiffness
+from oblr.kl_rate import DEFAULT_TARGET, KLStepSchedule, average_log, default_target, next_lr, stiffness
 from oblr.schedules import make_lr_controller
 from oblr.update import UpdateSettings, accumulate_policy_gradient, step_kl_sums
 
@@ -112,6 +112,29 @@ def test_a_resumed_controller_sets_the_same_lrs():
         assert _lr(a) == _lr(b)
         a.observe_step_kl(kl)
         b.observe_step_kl(kl)
+
+
+def test_the_default_target_scales_with_the_prompts_per_step_and_a_given_target_wins():
+    """3e-3 x N / 128 (Adam's square-root batch scaling in KL); 3e-3 where N is not known; an explicit target
+    is used as given at any N. Checked through the lr the rule sets from one measurement."""
+    assert default_target(128) == DEFAULT_TARGET == 3e-3 and default_target(None) == 3e-3
+    assert default_target(16) == pytest.approx(3.75e-4, rel=1e-15) and default_target(512) == pytest.approx(1.2e-2)
+    k = 5.0
+    for n, kw, target in [(16, {}, 3.75e-4), (128, {}, 3e-3), (None, {}, 3e-3), (16, {"target": 2e-3}, 2e-3)]:
+        ctl, _ = _ctl(lr=1.0, probe=0.01, kl_ema=0.0, **({"prompts_per_step": n} if n else {}), **kw)
+        assert ctl.target == target and ctl.metrics()["kl/target"] == target
+        ctl.step()
+        ctl.observe_step_kl(k * 0.01**2)
+        ctl.step()
+        assert _lr(ctl) == pytest.approx(math.sqrt(target / k), rel=1e-12)
+
+
+def test_prompts_per_step_is_not_a_schedule_option():
+    from oblr.checks import ConfigError
+    from oblr.config import load_config
+
+    with pytest.raises(ConfigError, match=r"schedule_options.prompts_per_step': not an option to set here \(set rollout.prompts_per_step\)"):
+        load_config(None, ["algorithm.lr_schedule=kl", "algorithm.schedule_options={prompts_per_step: 64}"])
 
 
 @pytest.mark.parametrize("bad", [{"target": 0.0}, {"max_change": 0.5}, {"kl_ema": 1.0}, {"probe": 0.0}])

@@ -85,7 +85,8 @@ class RunSetup:
         self.optimizer = make_optimizer(o.optimizer, trainable_params(self.model), o)
         self.lr_ctrl = make_lr_controller(cfg.algorithm.lr_schedule, self.optimizer, lr=o.lr, eta_min=o.eta_min,
                                           warmup_steps=o.warmup_steps, total_steps=cfg.train.steps, ema=o.snr_ema,
-                                          grad_clip=o.grad_clip, **cfg.algorithm.schedule_options)
+                                          grad_clip=o.grad_clip, prompts_per_step=cfg.rollout.prompts_per_step,
+                                          **cfg.algorithm.schedule_options)
         self.settings = UpdateSettings.from_config(run_cfg, schedule_needs_snr=self.lr_ctrl.needs_snr)
         self.measure_step_kl = cfg.algorithm.track_step_kl or getattr(self.lr_ctrl, "needs_step_kl", False)
         self.start_step, self.history = 0, {"eval": []}
