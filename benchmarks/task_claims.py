@@ -149,6 +149,8 @@ def verdict(a: dict | None, b: dict | None) -> str:
     """Whether ``a`` beats ``b`` beyond seed noise: mean difference against twice its standard error."""
     ma, sa, na = stats(a)
     mb, sb, nb = stats(b)
+    if na == 0 or nb == 0:
+        return "not run"
     if na < 2 or nb < 2:
         return "too few seeds"
     diff, se = ma - mb, math.sqrt(sa**2 / na + sb**2 / nb)

@@ -79,6 +79,7 @@ def test_behind_and_too_few_seeds():
     b = {"final": [0.30, 0.31, 0.32], "missing": []}
     assert tc.verdict(a, b).startswith("behind (-20.0")
     assert tc.verdict({"final": [0.5], "missing": []}, b) == "too few seeds"
+    assert tc.verdict(None, b) == tc.verdict({"final": [], "missing": [0]}, b) == "not run"
 
 
 def test_one_task_mixing_protocols_is_refused(tmp_path):
