@@ -80,7 +80,7 @@ SCHEDULE_RESERVED = {"optimizer": "oblr passes the optimizer", "lr": "set optim.
 @dataclass
 class AlgorithmConfig:
     baseline: str = opt("oblr", "baseline/advantage estimator", choices="oblr.estimators:ESTIMATORS")
-    lr_schedule: str = opt("snr", "learning-rate schedule (snr = OBLR-PO; snr_adam = its factor with the noise counted after Adam's momentum, AdamW only; auto = measured step scale, optim.lr its initial guess; measured to work with AdamW, not SGD; kl = the lr that moves the policy by schedule_options.target nats per token each step (default 3e-3 x rollout.prompts_per_step / 128), optim.lr a guess: docs/algorithm.md)", choices="oblr.schedules:SCHEDULES")
+    lr_schedule: str = opt("snr", "learning-rate schedule (snr = OBLR-PO; snr_adam = its factor with the noise counted after Adam's momentum, AdamW only; auto = measured step scale, optim.lr its initial guess; measured to work with AdamW, not SGD; kl = the lr that moves the policy by schedule_options.target nats per token each step (default 3e-3 x rollout.prompts_per_step / 128 with AdamW, 3e-3 with SGD), optim.lr a guess: docs/algorithm.md)", choices="oblr.schedules:SCHEDULES")
     aggregation: str = opt("seq_sum_const", "loss aggregation (seq_sum_const is the unbiased one)",
                            choices="oblr.losses:AGGREGATIONS")
     max_len: int = opt(0, "the constant of seq_sum_const (0 = rollout.max_new_tokens)", range=COUNT0)

@@ -22,11 +22,14 @@ keeps the lr. ``delta`` is in nats per response token and means the same for SGD
 two need differ by four decades, the KL a step may move the policy need not. Whether one ``delta`` serves
 every task is a measurement (docs/results.md, "The paper's regime"), not a property of the rule.
 
-``delta`` (``schedule_options.target``) defaults to 3e-3 x N / 128 for N prompts per step (``oblr train``
-passes ``rollout.prompts_per_step``): 3e-3 at the paper's N = 128, 3.75e-4 at N = 16. A step of a smaller
-batch carries more noise for the same KL; Adam's square-root scaling rule (lr ~ sqrt(batch)) is, in KL ~ lr^2,
-a KL per step proportional to the batch. Measured: at N = 16 the unscaled 3e-3 applied 3x the best fixed rate
-and lost to it, the scaled target applied about the best fixed rate (docs/results.md).
+``delta`` (``schedule_options.target``) defaults to 3e-3 x N / 128 for N prompts per step with AdamW (``oblr
+train`` passes ``rollout.prompts_per_step``): 3e-3 at the paper's N = 128, 3.75e-4 at N = 16; with SGD to 3e-3
+at every N. Adam's step has a normalised size, so its KL per step does not see the gradient's noise: a smaller
+batch's step of the same KL is more noise, and Adam's square-root scaling rule (lr ~ sqrt(batch)) is, in KL ~
+lr^2, a KL per step proportional to the batch. SGD's step grows with the noise (``|g|^2`` counts it), so its KL
+already does, and the rule shrinks SGD's rate as N falls by itself. Measured at N = 16 on the built-in task
+(docs/results.md): AdamW with 3e-3 applied 3x the best fixed rate and lost, with 3.75e-4 it applied the best
+fixed rate; SGD with 3e-3 was level with the tuned rate and with 3.75e-4 fell behind it.
 
 Cost: one forward pass without gradients over the batch per step (``time/step_kl``). It runs where that
 measurement runs: ``oblr train`` in one process and under torchrun (DDP, FSDP2: every rank reads the same
@@ -50,11 +53,12 @@ DEFAULT_TARGET = 3e-3
 REFERENCE_PROMPTS = 128
 
 
-def default_target(prompts_per_step: int | None) -> float:
-    """The target when none is given: :data:`DEFAULT_TARGET` x N / :data:`REFERENCE_PROMPTS` (the square-root
-    scaling of Adam's rate with the batch, lr ~ sqrt(N), written in KL ~ lr^2), or :data:`DEFAULT_TARGET` when
+def default_target(prompts_per_step: int | None, adaptive: bool = True) -> float:
+    """The target when none is given: for an adaptive optimizer (``adaptive``: AdamW) :data:`DEFAULT_TARGET` x
+    N / :data:`REFERENCE_PROMPTS` (the square-root scaling of Adam's rate with the batch, lr ~ sqrt(N), written
+    in KL ~ lr^2); :data:`DEFAULT_TARGET` for SGD (its KL counts the noise already: module docstring) and when
     N is not known (a controller built outside ``oblr train``)."""
-    if prompts_per_step is None:
+    if prompts_per_step is None or not adaptive:
         return DEFAULT_TARGET
     return DEFAULT_TARGET * prompts_per_step / REFERENCE_PROMPTS
 
@@ -81,6 +85,12 @@ def next_lr(mean_log_k: float, target: float, lr: float, max_change: float, firs
     return want if first else min(want, max_change * lr)
 
 
+def _is_sgd(optimizer) -> bool:
+    import torch
+
+    return isinstance(optimizer, torch.optim.SGD)
+
+
 @register_schedule("kl")
 class KLStepSchedule(LRController):
     """lr_{t+1} = min(sqrt(target / kbar), max_change lr_t) from the measured per-step KL (module docstring).
@@ -99,7 +109,7 @@ class KLStepSchedule(LRController):
                  kl_ema: Annotated[float, Range(ge=0, lt=1)] = 0.5,
                  probe: Annotated[float, Range(gt=0, le=1)] = 0.1):
         if target is None:
-            target = default_target(prompts_per_step)
+            target = default_target(prompts_per_step, adaptive=not _is_sgd(optimizer))
         if not (0 < target and max_change >= 1 and 0 <= kl_ema < 1 and 0 < probe <= 1):
             raise ValueError(f"kl schedule: need target > 0, max_change >= 1, 0 <= kl_ema < 1, 0 < probe <= 1; "
                              f"got {target}, {max_change}, {kl_ema}, {probe}")

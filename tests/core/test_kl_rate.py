@@ -114,15 +114,22 @@ def test_a_resumed_controller_sets_the_same_lrs():
         b.observe_step_kl(kl)
 
 
-def test_the_default_target_scales_with_the_prompts_per_step_and_a_given_target_wins():
-    """3e-3 x N / 128 (Adam's square-root batch scaling in KL); 3e-3 where N is not known; an explicit target
-    is used as given at any N. Checked through the lr the rule sets from one measurement."""
+def test_the_default_target_scales_with_the_prompts_per_step_for_adamw_and_a_given_target_wins():
+    """AdamW: 3e-3 x N / 128 (Adam's square-root batch scaling in KL); SGD: 3e-3 at every N (its KL counts the
+    noise); 3e-3 where N is not known; an explicit target is used as given at any N. Checked through the lr the
+    rule sets from one measurement."""
     assert default_target(128) == DEFAULT_TARGET == 3e-3 and default_target(None) == 3e-3
     assert default_target(16) == pytest.approx(3.75e-4, rel=1e-15) and default_target(512) == pytest.approx(1.2e-2)
+    assert default_target(16, adaptive=False) == 3e-3
     k = 5.0
-    for n, kw, target in [(16, {}, 3.75e-4), (128, {}, 3e-3), (None, {}, 3e-3), (16, {"target": 2e-3}, 2e-3)]:
-        ctl, _ = _ctl(lr=1.0, probe=0.01, kl_ema=0.0, **({"prompts_per_step": n} if n else {}), **kw)
-        assert ctl.target == target and ctl.metrics()["kl/target"] == target
+    cases = [("adamw", 16, {}, 3.75e-4), ("adamw", 128, {}, 3e-3), ("adamw", None, {}, 3e-3),
+             ("adamw", 16, {"target": 2e-3}, 2e-3), ("sgd", 16, {}, 3e-3), ("sgd", 16, {"target": 2e-4}, 2e-4)]
+    for opt_name, n, kw, target in cases:
+        p = torch.nn.Parameter(torch.zeros(2))
+        opt = torch.optim.AdamW([p], lr=1.0) if opt_name == "adamw" else torch.optim.SGD([p], lr=1.0)
+        ctl = make_lr_controller("kl", opt, lr=1.0, probe=0.01, kl_ema=0.0,
+                                 **({"prompts_per_step": n} if n else {}), **kw)
+        assert ctl.target == target and ctl.metrics()["kl/target"] == target, (opt_name, n, kw)
         ctl.step()
         ctl.observe_step_kl(k * 0.01**2)
         ctl.step()
