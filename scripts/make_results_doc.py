@@ -119,9 +119,25 @@ def provenance_section(grid_dir: Path, kept: list[str], shipped: dict[str, str])
 TABLE_ROW = re.compile(r"^\| `([^`]+)` \| \d+ \| .* \|$")
 
 
+def _run_folder(path: str) -> str:
+    """A named file's run folder: its nearest parent with runs under it (``.../lr-sweep-kl/report/comparison.md``
+    -> ``.../lr-sweep-kl``); any other path as it is."""
+    p = Path(path)
+    if not p.is_file():
+        return path
+    for parent in p.parents:
+        if parent == Path("benchmarks/results") or parent == Path("."):
+            break
+        if any(parent.rglob("summary.json")):
+            return str(parent)
+    return path
+
+
 def reading_only(out: Path, reading: Path) -> None:
     """Re-splice ``reading`` into ``out`` and recount the rows of the "Start models" table whose folders are here
-    with runs in them; every other line of ``out`` is kept (the rows of absent or empty folders too)."""
+    with runs in them; every other line of ``out`` is kept (the rows of absent or empty folders too). A run folder
+    that the document or the reading names (``benchmarks/results/...``, a folder here with runs in it) and the
+    table lacks gets its row at the table's end."""
     if not out.is_file():
         raise SystemExit(f"make_results_doc: --reading-only: {out} does not exist (run the full generation first)")
     if not reading.is_file():
@@ -130,19 +146,28 @@ def reading_only(out: Path, reading: Path) -> None:
     if not sep:
         raise SystemExit(f"make_results_doc: --reading-only: {out} has no '## Reading' section to replace")
     shipped, weights, done, lines = shipped_fingerprints(), shipped_weights(), set(), []
-    in_table = False
+    in_table, table_end, listed = False, None, set()
     for line in head.split("\n"):
         if line.startswith("## "):
             in_table = line == "## Start models of these tables"
         m = TABLE_ROW.match(line) if in_table else None
         folder = Path(m.group(1)) if m else None
+        if m:
+            listed.add(m.group(1))
         if folder is None or not folder.is_dir() or not any(folder.rglob("summary.json")):
             lines.append(line)
         elif str(folder) not in done:
             done.add(str(folder))
             lines += [f"| `{f}` | {n} | {what} |" for f, n, what in start_models([folder], shipped, weights)]
-    out.write_text("\n".join(lines) + "\n## Reading\n\n" + reading.read_text(encoding="utf-8").strip() + "\n",
-                   encoding="utf-8")
+        if m:
+            table_end = len(lines)
+    text = reading.read_text(encoding="utf-8")
+    named = list(dict.fromkeys(_run_folder(p) for p in RESULTS_PATH.findall(head) + RESULTS_PATH.findall(text)))
+    new = [f for f in named if f not in listed and Path(f).is_dir() and any(Path(f).rglob("summary.json"))
+           and not any(Path(g).is_relative_to(f) for g in listed | set(named) if g != f)]  # not a parent of rows
+    if new and table_end is not None:
+        lines[table_end:table_end] = [f"| `{f}` | {n} | {what} |" for f, n, what in start_models(new, shipped, weights)]
+    out.write_text("\n".join(lines) + "\n## Reading\n\n" + text.strip() + "\n", encoding="utf-8")
 
 
 def main(argv=None) -> int:
