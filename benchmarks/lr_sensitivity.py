@@ -25,7 +25,9 @@ seeds 0, 1, 2, on the default built-in run (200 steps, evaluation every 50 steps
 
 Where the committed runs are: ``benchmarks/results/lr-sweep/`` (grpo-const and oblr-snr: grid-core and
 grid-window), ``benchmarks/results/lr-sweep-auto/`` (oblr-auto with the code now, grid-auto-core: run it with
-``--out benchmarks/results/lr-sweep-auto``), ``benchmarks/results/lr-sweep-kl/`` (oblr-kl, grid-kl-first),
+``--out benchmarks/results/lr-sweep-auto``), ``benchmarks/results/lr-sweep-kl/`` (oblr-kl, grid-kl-first, made at
+0fc6c29, whose default kl target was 3e-3 at every N: not the current AdamW default at N = 16, whose rows are
+``benchmarks/results/lr-sweep-kl-target/``; so the report is not given both folders),
 ``benchmarks/results/lr-sweep-auto-attempt3/`` (the same
 points with the previous estimator, seed 0 only, kept as the record of that attempt; docs/algorithm.md).
 The auto runs live apart because a run folder does not record which estimator made it, and ``oblr
