@@ -20,7 +20,9 @@ the new figure and the verdicts:
 - final sampled accuracy: within seed noise when ``|new - mean| <= 2 s sqrt(1 + 1/n)`` (the spread of one new
   seed around the mean of n measured seeds with sample std s); for a measured seed it should be identical.
 
-Exit status 0 when both hold, 1 otherwise.
+Exit status 0 when both hold, 1 otherwise, 2 when the claim was measured with another default schedule
+(``claim.json``'s ``lr_schedule``; a claim without it was measured with ``snr``, the default before ``kl``).
+The claim of the ``snr`` default (commit e1f55c9) is kept in ``benchmarks/results/default-run-snr/``.
 """
 
 from __future__ import annotations
@@ -77,13 +79,13 @@ def spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def claim_from_runs(per_seed: dict[int, dict], model_sha: str, commit: str) -> dict:
+def claim_from_runs(per_seed: dict[int, dict], model_sha: str, commit: str, schedule: str | None = None) -> dict:
     finals = [r["eval_accuracy_final"] for r in per_seed.values()]
     greedy = [r["eval_accuracy_greedy_final"] for r in per_seed.values()]
     m, s = spread(finals)
     gm, gs = spread(greedy)
     return {"command": "oblr train train.threads=1 train.seed=K", "model_weights_sha256": model_sha,
-            "commit": commit, "seeds": {str(k): v for k, v in sorted(per_seed.items())},
+            "commit": commit, "lr_schedule": schedule, "seeds": {str(k): v for k, v in sorted(per_seed.items())},
             "final_sampled_mean": m, "final_sampled_std": s, "final_greedy_mean": gm, "final_greedy_std": gs}
 
 
@@ -132,6 +134,13 @@ def _commit() -> str:
         return "unknown"
 
 
+def _default_schedule() -> str:
+    """The default run's ``algorithm.lr_schedule`` (the claim records it; ``check`` refuses a claim of another)."""
+    from oblr.config import load_config
+
+    return load_config().algorithm.lr_schedule
+
+
 def _model_sha() -> str:
     from oblr.models import BUILTIN_DIRNAME
     from oblr.models.shipped import entry
@@ -161,15 +170,20 @@ def main(argv=None) -> int:
             per_seed = {k: f.result() for k, f in futs.items()}
             for k in args.seeds:  # keep the configuration and result of each run
                 keep(Path(tmp) / f"seed{k}", args.out / f"seed{k}")
-        claim = claim_from_runs(per_seed, _model_sha(), _commit())
+        claim = claim_from_runs(per_seed, _model_sha(), _commit(), _default_schedule())
         (args.out / "claim.json").write_text(json.dumps(claim, indent=2) + "\n")
-        (args.out / "claim.md").write_text(f"`{claim['command']}` (commit {claim['commit']}, built-in model "
+        (args.out / "claim.md").write_text(f"`{claim['command']}` (commit {claim['commit']}, default schedule "
+                                           f"{claim['lr_schedule']}, built-in model "
                                            f"sha256 {claim['model_weights_sha256'][:16]}...)\n\n"
                                            + claim_table(claim) + "\n")
         print(claim_table(claim))
         return 0
 
     claim = json.loads(args.claim.read_text())
+    if claim.get("lr_schedule", "snr") != _default_schedule():  # claims before the field: the snr default
+        log(f"the claim {args.claim} was measured with the default schedule {claim.get('lr_schedule', 'snr')!r}; "
+            f"the default is now {_default_schedule()!r}: measure a new claim (measure --seeds 0 1 2)")
+        return 2
     if claim["model_weights_sha256"] != _model_sha():
         log(f"note: the claim was measured from built-in weights {claim['model_weights_sha256'][:16]}..., this "
             f"install ships {_model_sha()[:16]}...: start accuracies will differ")

@@ -80,7 +80,7 @@ SCHEDULE_RESERVED = {"optimizer": "oblr passes the optimizer", "lr": "set optim.
 @dataclass
 class AlgorithmConfig:
     baseline: str = opt("oblr", "baseline/advantage estimator", choices="oblr.estimators:ESTIMATORS")
-    lr_schedule: str = opt("snr", "learning-rate schedule (snr = OBLR-PO; snr_adam = its factor with the noise counted after Adam's momentum, AdamW only; auto = measured step scale, optim.lr its initial guess; measured to work with AdamW, not SGD; kl = the lr that moves the policy by schedule_options.target nats per token each step (default 3e-3 x rollout.prompts_per_step / 128 with AdamW, 3e-3 with SGD), optim.lr a guess: docs/algorithm.md)", choices="oblr.schedules:SCHEDULES")
+    lr_schedule: str = opt("kl", "learning-rate schedule (kl, the default = oblr's own rule, not the paper's: the lr that moves the policy by schedule_options.target nats per token each step, 3e-3 x rollout.prompts_per_step / 128 with AdamW, 3e-3 with SGD, optim.lr only a guess; snr = the paper's SNR rule, optim.lr its eta_max; snr_adam = its factor with the noise counted after Adam's momentum, AdamW only; auto = measured step scale, optim.lr its initial guess, measured to work with AdamW, not SGD; constant, cosine: docs/algorithm.md)", choices="oblr.schedules:SCHEDULES")
     aggregation: str = opt("seq_sum_const", "loss aggregation (seq_sum_const is the unbiased one)",
                            choices="oblr.losses:AGGREGATIONS")
     max_len: int = opt(0, "the constant of seq_sum_const (0 = rollout.max_new_tokens)", range=COUNT0)
@@ -120,7 +120,7 @@ class AlgorithmConfig:
 @dataclass
 class OptimConfig:
     optimizer: str = opt("adamw", "optimizer", choices="oblr.train.optimizers:OPTIMIZERS")
-    lr: float = opt(1e-3, "peak learning rate (eta_max of the SNR rule, or the constant/cosine peak)",
+    lr: float = opt(1e-3, "learning rate: the guess of the scale for kl (the default; its first step runs at 0.1x it) and auto, eta_max of the SNR rules, the constant/cosine peak",
                     range=Range(gt=0, le=BIG))
     eta_min: float = opt(0.0, "learning-rate floor (at most optim.lr)", range=Range(ge=0, le=BIG))
     snr_ema: float = opt(0.9, "EMA factor for S and V in the SNR rule (0 = current batch only, as in the paper; "

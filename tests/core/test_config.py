@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_defaults_validate():
     cfg = load_config()
-    assert cfg.algorithm.baseline == "oblr" and cfg.algorithm.lr_schedule == "snr"
+    assert cfg.algorithm.baseline == "oblr" and cfg.algorithm.lr_schedule == "kl"
     assert cfg.model.name_or_path == "builtin"
 
 
@@ -39,7 +39,7 @@ def test_int_is_accepted_for_float():
     (["model.dtype=fp8"], "config key 'model.dtype'"),
     (["nosection.x=1"], "unknown config key 'nosection'"),
     (["optim.lr"], "is not of the form section.key=value"),
-    (["rollout.prompts_per_step=1"], "needs at least 2 prompts"),
+    (["rollout.prompts_per_step=1", "algorithm.lr_schedule=snr"], "needs at least 2 prompts"),
     (["algorithm.lr_schedule=snr_adam", "optim.optimizer=sgd"],
      "config key 'algorithm.lr_schedule': 'snr_adam' is derived for optim.optimizer adamw, got 'sgd'; with sgd use "
      "lr_schedule=snr"),

@@ -24,8 +24,10 @@ from oblr.train.checkpoint import latest_checkpoint, load_trainer_state
 
 DEADLINE = 300  # seconds; only a hung run gets there
 # the deterministic quantities of a step (times are not)
-COMPARED = ("train/reward_mean", "optim/grad_norm", "optim/lr", "snr/S", "snr/V", "snr/snr",
-            "train/response_length_mean", "train/entropy", "optim/loss")
+COMPARED = ("train/reward_mean", "optim/grad_norm", "optim/lr", "train/response_length_mean", "train/entropy",
+            "optim/loss")
+SNR = ("snr/S", "snr/V", "snr/snr")  # the SNR schedules' statistics
+KL = ("policy/step_kl", "kl/target", "kl/stiffness", "kl/stiffness_avg")  # the kl schedule's (the default)
 COMMON = ["train.save_every=1", "train.eval_every=0", "task.eval_size=0"]
 
 
@@ -109,7 +111,7 @@ def test_ddp_killed_rank_stops_the_run_and_resume_gives_the_uninterrupted_trajec
     # the run folder resumes (same world size), and an uninterrupted 2-process run gives the same trajectory
     _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *common) + ["--resume"]))
     _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *common)))  # --nproc 2: ddp
-    assert_same_trajectory(killed, straight, k + 2, (*COMPARED, "snr/n_eff", "snr/factor"))
+    assert_same_trajectory(killed, straight, k + 2, (*COMPARED, *SNR, "snr/n_eff", "snr/factor"))
     for step, r in train_rows(straight).items():
         kappa = momentum_noise_share(0.9, step)
         assert r["snr/n_eff"] == pytest.approx(2 / kappa, rel=1e-12)
@@ -126,7 +128,10 @@ def test_ddp_killed_rank_stops_the_run_and_resume_gives_the_uninterrupted_trajec
 def test_fsdp_run_resumes_after_a_kill_and_ends_with_a_consolidated_checkpoint(small_builtin, tmp_path):
     """fsdp: checkpoints hold the sharded model and optimizer state (torch.distributed.checkpoint); the
     writer (rank 0) is killed; the resumed run follows the uninterrupted one; the last checkpoint also has
-    the consolidated Hugging Face weights, which load in one process and equal the shards."""
+    the consolidated Hugging Face weights, which load in one process and equal the shards. With the default
+    kl schedule: its averaged stiffness is state the resume restores, and every step's lr is the rule's lr
+    from the KL that every rank measured after the previous update."""
+    import math
     from oblr.models import is_sharded_checkpoint, load_model_and_tokenizer
 
     killed, straight = tmp_path / "killed", tmp_path / "straight"
@@ -134,7 +139,15 @@ def test_fsdp_run_resumes_after_a_kill_and_ends_with_a_consolidated_checkpoint(s
     k = _killed_run(small_builtin, killed, "fsdp", 0, *evals)
     _assert_ok(_oblr(train_args(small_builtin, killed, k + 2, *COMMON, *evals) + ["--resume"]))
     _assert_ok(_oblr(train_args(small_builtin, straight, k + 2, *COMMON, *evals, "distributed.strategy=fsdp")))
-    assert_same_trajectory(killed, straight, k + 2, COMPARED)
+    assert_same_trajectory(killed, straight, k + 2, (*COMPARED, *KL))
+    rs = train_rows(straight)
+    assert all(r["policy/step_kl"] > 0 for r in rs.values())  # the signal task moves the policy every step
+    assert rs[1]["optim/lr"] == pytest.approx(0.1 * 3e-3, rel=1e-12)  # the probe: 0.1 x optim.lr
+    for step in range(1, k + 2):  # the kl rule (AdamW, N = 2: target 3e-3 x 2 / 128), capped at 2x growth
+        r, nxt = rs[step], rs[step + 1]
+        assert r["kl/target"] == pytest.approx(3e-3 * 2 / 128, rel=1e-12)
+        want = math.sqrt(r["kl/target"] / r["kl/stiffness_avg"])
+        assert nxt["optim/lr"] == pytest.approx(want if step == 1 else min(want, 2 * r["optim/lr"]), rel=1e-9), step
     ea, eb = ([r for r in rows(run) if "eval/accuracy_greedy" in r] for run in (killed, straight))
     assert [r["step"] for r in ea] == [r["step"] for r in eb] == [0, k + 2]  # evaluated at the start and the end
     for key in ("eval/accuracy_sampled", "eval/accuracy_greedy", "eval/response_length_mean"):
@@ -171,7 +184,8 @@ def test_fsdp_with_activation_checkpointing_follows_the_run_without_it(small_bui
     import json
 
     ckpt, plain = tmp_path / "ckpt", tmp_path / "plain"
-    fsdp = ["train.save_every=0", "train.eval_every=0", "task.eval_size=0", "distributed.strategy=fsdp"]
+    fsdp = ["train.save_every=0", "train.eval_every=0", "task.eval_size=0", "distributed.strategy=fsdp",
+            "algorithm.lr_schedule=snr"]  # S and V are compared
     _assert_ok(_oblr(train_args(small_builtin, ckpt, 3, *fsdp, "algorithm.memory_plan=two_pass",
                                 "algorithm.memory_budget_gb=8")))
     _assert_ok(_oblr(train_args(small_builtin, plain, 3, *fsdp)))

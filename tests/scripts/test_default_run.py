@@ -3,6 +3,7 @@ of a new run (start accuracy identical for a measured seed; final accuracy withi
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -44,3 +45,16 @@ def test_keep_copies_the_record_with_the_start_model_and_no_machine_path(tmp_pat
     for name in ("config.yaml", "summary.json", "code.json"):
         text = (dst / name).read_text()
         assert name in text and str(run) not in text and f"{dst.resolve()}/x" in text
+
+
+def test_check_refuses_a_claim_of_another_default_schedule(tmp_path, capsys):
+    claim = dr.claim_from_runs({0: _res(0.17, 0.36)}, "ab" * 32, "c0ffee", "snr")
+    assert claim["lr_schedule"] == "snr"
+    path = tmp_path / "claim.json"
+    path.write_text(json.dumps(claim))
+    assert dr._default_schedule() == "kl"
+    assert dr.main(["check", "--claim", str(path)]) == 2  # before any run starts
+    assert "measured with the default schedule 'snr'; the default is now 'kl'" in capsys.readouterr().err
+    del claim["lr_schedule"]  # a claim from before the field: the snr default
+    path.write_text(json.dumps(claim))
+    assert dr.main(["check", "--claim", str(path)]) == 2

@@ -19,10 +19,13 @@ from oblr.train.trainer import Trainer, TrainingError
 TINY = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=24", "task.eval_size=8",
         "train.eval_samples=2", "train.threads=1", "task.options={n_train: 200, n_eval: 20}"]
 
-SPEC_KEYS = ["snr/lr", "snr/S", "snr/V", "snr/snr", "weights/mean", "weights/cv_within_group", "baseline/mean",
+#: logged every step by every OBLR-PO schedule (the SNR rule's S, V and SNR: SNR_KEYS; the kl rule's: KL_KEYS)
+SPEC_KEYS = ["snr/lr", "weights/mean", "weights/cv_within_group", "baseline/mean",
              "baseline/std_across_prompts", "adv/var_across_prompts", "baseline/fallback_count", "optim/grad_norm",
              "train/reward_mean", "train/pass_rate", "train/all_equal_share", "train/response_length_mean",
              "train/entropy", "time/generate", "time/score", "time/norms", "time/update"]
+SNR_KEYS = ["snr/S", "snr/V", "snr/snr", "snr/factor"]
+KL_KEYS = ["policy/step_kl", "kl/target", "kl/skipped", "time/step_kl"]
 
 
 def _args(model, out, steps, *extra):
@@ -30,9 +33,11 @@ def _args(model, out, steps, *extra):
             "--quiet"]
 
 
-def test_train_end_to_end_writes_metrics_summary_plots_checkpoint(small_builtin, tmp_path):
+@pytest.mark.parametrize("schedule", [[], ["algorithm.lr_schedule=snr"], ["algorithm.track_snr=true"]],
+                         ids=["default-kl", "snr", "kl-track-snr"])
+def test_train_end_to_end_writes_metrics_summary_plots_checkpoint(small_builtin, tmp_path, schedule):
     out = tmp_path / "run"
-    assert main(_args(small_builtin, out, 2, "train.eval_every=1")) == 0
+    assert main(_args(small_builtin, out, 2, "train.eval_every=1", *schedule)) == 0
     summary = json.loads((out / "summary.json").read_text())
     for k in ("eval_accuracy_initial", "eval_accuracy_final", "eval_accuracy_best", "steps", "wall_seconds"):
         assert k in summary
@@ -40,8 +45,12 @@ def test_train_end_to_end_writes_metrics_summary_plots_checkpoint(small_builtin,
     rows = read_metrics(out)
     train_rows = [r for r in rows if "train/reward_mean" in r]
     assert [r["step"] for r in train_rows] == [1, 2]
-    for k in SPEC_KEYS:
+    snr = "algorithm.lr_schedule=snr" in schedule
+    expect = SPEC_KEYS + (SNR_KEYS if snr or schedule else []) + ([] if snr else KL_KEYS)
+    for k in expect:
         assert k in train_rows[0], k
+    if not schedule:  # the default kl schedule uses no S and V and does not pay for them
+        assert not any(k.startswith("snr/") and k != "snr/lr" for k in train_rows[0])
     for r in train_rows:  # the hf engine's log-probs of its samples are the update's (KV cache vs one forward)
         assert r["rollout/logprob_gap_max"] < 1e-4 and r["rollout/outside_nucleus"] == 0 and r["time/sync"] >= 0
     assert {p.name for p in (out / "plots").glob("*.png")} >= {"reward.png", "lr_snr.png", "eval_accuracy.png",
@@ -65,11 +74,13 @@ def _train_rows(out):
 
 
 def test_resume_reproduces_the_straight_run(small_builtin, tmp_path):
-    common = ["train.eval_every=2", "train.save_every=2", "train.plots=false"]
+    # the SNR schedule (its EMA state is the checkpoint's subject; the kl schedule's resume:
+    # tests/train/test_training_variants.py)
+    common = ["train.eval_every=2", "train.save_every=2", "train.plots=false", "algorithm.lr_schedule=snr"]
     a, b = tmp_path / "straight", tmp_path / "resumed"
     assert main(_args(small_builtin, a, 4, *common)) == 0
     assert main(_args(small_builtin, b, 2, *common)) == 0
-    # the checkpoint carries the SNR EMA (default snr schedule, snr_ema 0.9): the averages after 2 steps,
+    # the checkpoint carries the SNR EMA (snr schedule, default snr_ema 0.9): the averages after 2 steps,
     # whose bias-corrected, clamped values are the S and V logged at step 2
     lr_state = ckpt.load_trainer_state(ckpt.latest_checkpoint(b))["lr_controller"]
     assert lr_state["ema"] == 0.9 and lr_state["steps"] == 2

@@ -15,7 +15,8 @@ from oblr.gradnorm import NORMS_METHODS
 from oblr.tracking import read_metrics
 from oblr.train import Trainer
 
-TINY = [f"task.name={SIGNAL_TASK}", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16", "task.eval_size=0",
+# the SNR schedule (the default before the kl one): its S and V are the statistics compared across paths
+TINY = [f"task.name={SIGNAL_TASK}", "algorithm.lr_schedule=snr", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16", "task.eval_size=0",
         "train.threads=1", "train.plots=false", "train.save_every=0"]
 
 
