@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMON = ["task.eval_size=0", "train.save_every=0"]
+COMMON = ["task.eval_size=0", "train.save_every=0", "algorithm.lr_schedule=snr"]  # S, V and the SNR lr compared
 CKPT = ["model.activation_checkpointing=true"]
 LORA = ["model.lora_rank=8"]
 #: (name, group, keys): the first variant of a group is the reference of the others in it

@@ -18,7 +18,8 @@ from fault_helpers import assert_same_trajectory, env, train_args
 
 DEADLINE = 300  # seconds; only a hung launch gets there
 STEPS = 2
-COMPARED = ("train/reward_mean", "optim/grad_norm", "optim/lr", "snr/S", "snr/V", "snr/snr",
+# the default kl schedule: its lr follows the KL every rank measured after the previous update
+COMPARED = ("train/reward_mean", "optim/grad_norm", "optim/lr", "policy/step_kl", "kl/stiffness_avg",
             "train/response_length_mean", "train/entropy", "optim/loss")
 COMMON = ["train.save_every=0", "train.eval_every=0", "task.eval_size=0"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]

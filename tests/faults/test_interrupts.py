@@ -14,8 +14,9 @@ from fault_helpers import assert_same_trajectory, rows, start, stop, train_args,
 from oblr.cli import main
 from oblr.train.checkpoint import latest_checkpoint, load_trainer_state
 
-COMPARED = ("train/reward_mean", "optim/grad_norm", "optim/lr", "snr/S", "snr/V", "train/response_length_mean",
-            "train/entropy")
+# the default kl schedule: its averaged stiffness is the state a resume must restore for the same lrs
+COMPARED = ("train/reward_mean", "optim/grad_norm", "optim/lr", "policy/step_kl", "kl/stiffness_avg",
+            "train/response_length_mean", "train/entropy")
 
 
 @pytest.mark.parametrize("sig, status, word", [(signal.SIGINT, 130, "interrupted"),
