@@ -34,7 +34,9 @@ lr-sensitivity table and the method table (mean ± sample std of the final held-
 the finished seeds), a PNG of accuracy against lr with one panel per task, and the cross-task table:
 
 - best tuned fixed rate: the ``grpo-const`` lr with the highest mean final accuracy;
-- ``auto`` at its worst guess: the lowest mean final accuracy of ``oblr-auto`` over its initial guesses;
+- ``auto`` and ``kl`` at their worst guess: the lowest mean final accuracy of ``oblr-auto`` (``oblr-kl``) over
+  the initial guesses run, and how many were run (the claims grids run kl from 1e-3 only; a guess sweep of its own,
+  ``configs/lr-sweep/grid-kl-guesses-n16.yaml``, adds the others on the built-in task);
 - whether OBLR-PO (the baseline, fixed rate; with the SNR rule; with the kl schedule) beats RLOO and GRPO (fixed 1e-4)
   beyond seed noise: the difference of means against twice its standard error
   ``sqrt(s_a^2/n_a + s_b^2/n_b)`` (``beats`` / ``behind`` / ``within noise``).
@@ -68,6 +70,11 @@ METHODS = {**lrs.METHODS,
            "rloo-const": {"algorithm.baseline": "rloo", "algorithm.lr_schedule": "constant"},
            "oblr-const": {"algorithm.baseline": "oblr", "algorithm.lr_schedule": "constant"}}
 SWEEP_METHODS = ("grpo-const", "oblr-snr", "oblr-auto")
+#: the columns of the lr-sensitivity table and the lines of the plot: the sweep's methods, and the kl schedule at
+#: whatever guesses were run (the grids run it from 1e-3 only; a guess sweep is its own grid)
+TABLE_METHODS = SWEEP_METHODS + ("oblr-kl",)
+#: the rules that take ``optim.lr`` as a guess: their worst guess is a column of the cross-task table
+GUESS_METHODS = (("oblr-auto", "auto"), ("oblr-kl", "kl"))
 SWEEP_LRS = (1e-5, 1e-4, 1e-3, 1e-2)
 #: the method comparison: (method, lr); the fixed-rate methods at 1e-4, the SNR rule with eta_max 1e-3, the kl
 #: schedule from the guess 1e-3
@@ -166,20 +173,22 @@ def best_fixed(points: dict) -> str:
     return f"{lr:g}: {cell(points[('grpo-const', lr)])}"
 
 
-def auto_worst(points: dict) -> str:
-    cands = [(stats(pt)[0], lr) for (m, lr), pt in points.items() if m == "oblr-auto" and stats(pt)[2]]
+def worst_guess(points: dict, method: str = "oblr-auto") -> str:
+    """The guess (``optim.lr``) of ``method`` with the lowest mean final accuracy, and of how many guesses run."""
+    cands = [(stats(pt)[0], lr) for (m, lr), pt in points.items() if m == method and stats(pt)[2]]
     if not cands:
         return "missing"
     acc, lr = min(cands)
-    return f"guess {lr:g}: {cell(points[('oblr-auto', lr)])}"
+    return f"guess {lr:g} of {len(cands)}: {cell(points[(method, lr)])}"
 
 
 def task_tables(task: str, points: dict, steps: int) -> str:
-    lr_rows = sorted({lr for (m, lr) in points if m in SWEEP_METHODS})
+    lr_rows = sorted({lr for (m, lr) in points if m in TABLE_METHODS})
     out = [f"### {task} ({steps} steps per run)", "",
-           "Learning-rate sensitivity, AdamW (final held-out sampled accuracy %, mean ± std (finished seeds)):", "",
-           "| lr | " + " | ".join(SWEEP_METHODS) + " |", "|---|" + "---|" * len(SWEEP_METHODS)]
-    out += [f"| {lr:g} | " + " | ".join(cell(points.get((m, lr))) for m in SWEEP_METHODS) + " |" for lr in lr_rows]
+           "Learning-rate sensitivity, AdamW (final held-out sampled accuracy %, mean ± std (finished seeds); "
+           "oblr-auto and oblr-kl: the lr is their initial guess):", "",
+           "| lr | " + " | ".join(TABLE_METHODS) + " |", "|---|" + "---|" * len(TABLE_METHODS)]
+    out += [f"| {lr:g} | " + " | ".join(cell(points.get((m, lr))) for m in TABLE_METHODS) + " |" for lr in lr_rows]
     out += ["", "Method comparison (fixed rate 1e-4; the SNR rule with eta_max 1e-3; the kl schedule from the guess 1e-3):",
             "",
             "| method | lr | final sampled acc. (%) |", "|---|---|---|"]
@@ -189,12 +198,13 @@ def task_tables(task: str, points: dict, steps: int) -> str:
 
 def cross_table(tasks: dict[str, tuple[dict, int]]) -> str:
     cmp_ = dict(COMPARISON)
-    head = ["task", "steps", "best tuned fixed rate (GRPO)", "auto at its worst guess"]
+    head = ["task", "steps", "best tuned fixed rate (GRPO)"] + [f"{n} at its worst guess" for _, n in GUESS_METHODS]
     head += [f"{o} vs {r}" for o in OBLR_ROWS for r in REFERENCE_ROWS]
     rows = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for task, (points, steps) in tasks.items():
         vs = [verdict(points.get((o, cmp_[o])), points.get((r, cmp_[r]))) for o in OBLR_ROWS for r in REFERENCE_ROWS]
-        rows.append(f"| {task} | {steps} | {best_fixed(points)} | {auto_worst(points)} | " + " | ".join(vs) + " |")
+        worst = [worst_guess(points, m) for m, _ in GUESS_METHODS]
+        rows.append(f"| {task} | {steps} | {best_fixed(points)} | " + " | ".join(worst + vs) + " |")
     return "\n".join(rows) + "\n"
 
 
@@ -206,7 +216,7 @@ def plot(tasks: dict[str, tuple[dict, int]], path: Path) -> Path:
 
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4), squeeze=False)
     for ax, (task, (points, steps)) in zip(axes[0], tasks.items()):
-        for m in SWEEP_METHODS:
+        for m in TABLE_METHODS:
             pts = sorted((lr, pt) for (mm, lr), pt in points.items() if mm == m and stats(pt)[2])
             if pts:
                 line, = ax.plot([lr for lr, _ in pts], [stats(pt)[0] for _, pt in pts], "-o", ms=4, label=m)
@@ -215,7 +225,7 @@ def plot(tasks: dict[str, tuple[dict, int]], path: Path) -> Path:
                                color=line.get_color())
         ax.set_xscale("log")
         ax.set_title(f"{task} ({steps} steps)")
-        ax.set_xlabel("AdamW peak lr (auto: initial guess)")
+        ax.set_xlabel("AdamW peak lr (auto, kl: initial guess)")
         ax.set_ylabel("final held-out sampled accuracy (%)")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

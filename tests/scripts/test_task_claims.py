@@ -57,20 +57,23 @@ def test_report_verdicts_best_fixed_rate_and_auto_worst_guess(tmp_path):
         _fake_run(root, "grpo-const", 1e-3, seed, 0.25)
         _fake_run(root, "oblr-auto", 1e-5, seed, 0.15 + 0.01 * seed)
         _fake_run(root, "oblr-auto", 1e-2, seed, 0.35)
+        if seed < 2:
+            _fake_run(root, "oblr-kl", 1e-2, seed, 0.30)  # a second guess, two seeds
     _fake_run(root, "grpo-const", 1e-2, 0, None)  # unfinished
     md = tc.report({"countdown": [root]}, tmp_path / "out")
     row = next(line for line in md.splitlines() if line.startswith("| countdown |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "100"
     assert cells[2].startswith("0.001: 25.0 ± 0.0 (3)")  # the best grpo-const rate
-    assert cells[3].startswith("guess 1e-05: 16.0 ± 1.0 (3)")  # auto's worst initial guess
+    assert cells[3].startswith("guess 1e-05 of 2: 16.0 ± 1.0 (3)")  # auto's worst initial guess
+    assert cells[4] == "guess 0.001 of 2: 16.0 ± 1.0 (3)"  # kl's: 1e-3 below its 1e-2
     # oblr-const vs rloo-const: +10 points, se ~0.8 -> beats; vs grpo-const beats; oblr-snr vs rloo: -1 within noise
-    assert cells[4].startswith("beats (+10.0") and cells[5].startswith("beats (+") and cells[6].startswith("within noise")
-    assert cells[7].startswith("beats (+")
+    assert cells[5].startswith("beats (+10.0") and cells[6].startswith("beats (+") and cells[7].startswith("within noise")
+    assert cells[8].startswith("beats (+")
     # oblr-kl (grpo - 5 points) vs rloo-const: behind; vs grpo-const: -5.0 exactly, se 0.8 -> behind
-    assert cells[8].startswith("behind (-15.0") and cells[9].startswith("behind (-5.0 ± 0.8)")
+    assert cells[9].startswith("behind (-15.0") and cells[10].startswith("behind (-5.0 ± 0.8)")
     assert "| oblr-kl | 0.001 | 16.0 ± 1.0 (3) |" in md
-    assert "| 0.01 | missing; unfinished [0] | – | 35.0 ± 0.0 (3) |" in md
+    assert "| 0.01 | missing; unfinished [0] | – | 35.0 ± 0.0 (3) | 30.0 ± 0.0 (2) |" in md  # kl: a guess column
     assert (tmp_path / "out" / "task_claims.png").stat().st_size > 1000
 
 
