@@ -213,19 +213,22 @@ def _fake_clock(times):
 def test_progress_display_tty_rewrites_one_line():
     out = TTYStringIO()
     disp = ProgressDisplay(10, stream=out)
-    disp._clock = _fake_clock([0.0, 2.0, 4.0])
+    disp._clock = _fake_clock([0.0, 2.0, 4.0, 6.0])
     disp.update(1, {"train/reward_mean": torch.tensor(0.25), "optim/lr": 3e-4, "snr/snr": 0.125,
                     "time/step": 1.5})
     disp.update(2, {"train/reward_mean": 0.5, "eval/accuracy_sampled": 0.4, "eval/accuracy_greedy": 0.45})
-    disp.update(3, {"train/reward_mean": 0.75})
+    disp.update(3, {"train/reward_mean": 0.75, "policy/step_kl": 3.14e-4})
+    disp.update(4, {"train/reward_mean": 0.75})
     text = out.getvalue()
-    assert "\n" not in text and text.count("\r") == 3
+    assert "\n" not in text and text.count("\r") == 4
     frames = text.split("\r")[1:]
     assert frames[0] == "step 1/10 | reward 0.250 | lr 3.00e-04 | snr 0.125 | 1.50 s/step | ETA 14s"
     assert frames[1].startswith("step 2/10 | reward 0.500 | eval 0.400 (greedy 0.450) | 2.00 s/step | ETA 16s")
     # the last eval is remembered; a shorter line is padded to erase the previous one
-    assert frames[2].rstrip() == "step 3/10 | reward 0.750 | eval 0.400 (greedy 0.450) | 2.00 s/step | ETA 14s"
-    assert len(frames[2]) == len(frames[1])
+    assert frames[2].rstrip() == ("step 3/10 | reward 0.750 | eval 0.400 (greedy 0.450) | step kl 0.00031 | "
+                                  "2.00 s/step | ETA 14s")  # the kl schedule's measured policy change
+    assert frames[3].rstrip() == "step 4/10 | reward 0.750 | eval 0.400 (greedy 0.450) | 2.00 s/step | ETA 12s"
+    assert len(frames[3]) == len(frames[2])
     disp.close()
     assert out.getvalue().endswith("\n")
 

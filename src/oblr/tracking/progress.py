@@ -20,6 +20,7 @@ _REWARD_KEYS = ("train/reward_mean",)
 _EVAL_KEYS = ("eval/accuracy_sampled", "eval/accuracy_greedy")
 _LR_KEYS = ("optim/lr", "snr/lr")
 _SNR_KEYS = ("snr/snr",)
+_KL_KEYS = ("policy/step_kl",)  # the kl schedule's measurement (and algorithm.track_step_kl)
 
 
 def _is_tty(stream: TextIO) -> bool:
@@ -91,6 +92,8 @@ class ProgressDisplay:
 
     ``step 12/100 | reward 0.431 | eval 0.520 | lr 3.00e-04 | snr 0.124 | 2.31 s/step | ETA 3m22s``
 
+    (``step kl 3.1e-04``, the policy's change per token at that step, in place of or beside ``snr`` when logged.)
+
     The eval accuracy shown is the latest one seen (greedy if logged, else sampled), since evaluation
     runs only every few steps. Seconds per step = wall time since the first update / steps done since;
     before two updates exist, ``time/step`` from the metrics is used when present.
@@ -132,6 +135,9 @@ class ProgressDisplay:
         snr = _first(metrics, _SNR_KEYS)
         if snr is not None:
             parts.append(f"snr {snr:.3g}")
+        kl = _first(metrics, _KL_KEYS)
+        if kl is not None:
+            parts.append(f"step kl {kl:.2g}")
         if sec_per_step is not None:
             parts.append(f"{sec_per_step:.2f} s/step")
             parts.append("ETA " + format_duration(sec_per_step * max(0, self.total - step)))
