@@ -33,12 +33,16 @@ ROOT = Path(__file__).resolve().parents[1]
 #: every case runs with these settings (short, one thread, seeded; no plots or intermediate checkpoints)
 COMMON = ("train.threads=1", "train.seed=0", "train.steps=12", "train.eval_every=6", "task.eval_size=50",
           "train.plots=false", "train.save_every=0")
-#: name -> extra overrides
+#: name -> extra overrides; every case names its schedule, so a commit before the default changed (snr until
+#: 959ed72, kl since) compares like for like: "default" is the default config, whatever it is at each commit
 CASES = {
     "default": (),
-    "kl+clip+track_snr": ("algorithm.kl_coef=0.05", "optim.grad_clip=0.5", "algorithm.track_snr=true"),
+    "snr": ("algorithm.lr_schedule=snr",),
+    "kl": ("algorithm.lr_schedule=kl",),
+    "kl+clip+track_snr": ("algorithm.lr_schedule=snr", "algorithm.kl_coef=0.05", "optim.grad_clip=0.5",
+                          "algorithm.track_snr=true"),
     "grpo+constant": ("algorithm.baseline=grpo", "algorithm.lr_schedule=constant"),
-    "snr+warmup+floor": ("optim.warmup_steps=4", "optim.eta_min=0.0002"),
+    "snr+warmup+floor": ("algorithm.lr_schedule=snr", "optim.warmup_steps=4", "optim.eta_min=0.0002"),
     "auto+warmup+sgd": ("algorithm.lr_schedule=auto", "optim.warmup_steps=3", "optim.optimizer=sgd", "optim.lr=0.3"),
     "cosine+warmup": ("algorithm.baseline=rloo", "algorithm.lr_schedule=cosine", "optim.warmup_steps=3"),
 }
