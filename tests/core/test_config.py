@@ -236,3 +236,18 @@ print("vllm imported:", "vllm" in sys.modules)
     with pytest.raises(ConfigError) as e:  # in the config, next to the engine's own check
         load_config(None, ["rollout.engine=vllm", "rollout.engine_options={memory_fraction: 2}"])
     assert "config key 'rollout.engine_options.memory_fraction': must be in (0, 1), got 2.0" in str(e.value)
+
+
+def test_quickstart_config_is_the_defaults():
+    """configs/quickstart.yaml says `oblr train` with no arguments uses exactly its values."""
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+    written = yaml.safe_load(path.read_text())
+    defaults = load_config()
+    for section, values in written.items():
+        for key, value in values.items():
+            assert getattr(getattr(defaults, section), key) == value, f"{section}.{key}"
+    assert load_config(str(path)) == defaults
