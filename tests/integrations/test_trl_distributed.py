@@ -1,5 +1,7 @@
 """OBLRGRPOTrainer on 2 processes (accelerate launch, gloo, CPU): S, V, the SNR and the lr are the same on both
-ranks and equal to a one-sequence-at-a-time single-process computation on the same global batch."""
+ranks and equal to a one-sequence-at-a-time single-process computation on the same global batch; with the kl
+schedule, the KL of a step and the next lr are the same on both ranks and equal to a float64
+one-sequence-at-a-time computation over the global batch."""
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from oblr.estimators import compute_advantages  # noqa: E402
 from oblr.models import load_model_and_tokenizer  # noqa: E402
 from oblr.snr import SNRLearningRate, snr_statistics  # noqa: E402
 
-from .trl_helpers import one_at_a_time_grads, rel_err  # noqa: E402
+from .trl_helpers import kl_rule_lrs, one_at_a_time_grads, one_at_a_time_step_kl, rel_err  # noqa: E402
 
 G, LR, EMA = 4, 1e-3, 0.5  # as in trl_two_process.py / make_trainer
 
@@ -48,3 +50,30 @@ def test_two_processes_match_one_process_on_the_global_batch(two_process_run, tr
     lr = SNRLearningRate(opt, eta_max=LR, ema=EMA).step(st.signal, st.V, N)[0]
     for key, ref in (("oblr/S", st.S), ("oblr/V", st.V), ("oblr/snr", st.snr), ("oblr/lr", lr)):
         assert log0[key] == pytest.approx(float(ref), rel=1e-4), key
+
+
+def test_kl_schedule_on_two_processes_measures_the_global_batchs_kl(two_process_run, trl_model):
+    files = [two_process_run.out / f"kl_rank{r}.pt" for r in (0, 1)]
+    assert all(f.exists() for f in files), two_process_run.output()
+    r0, r1 = (torch.load(f, weights_only=False) for f in files)
+    rows0, rows1 = ([r for r in x["logs"] if "oblr/lr" in r] for x in (r0, r1))
+    assert len(rows0) == len(rows1) == 2
+    for a, b in zip(rows0, rows1):  # every rank reads the same KL, so sets the same lr
+        assert a["oblr/step_kl"] == b["oblr/step_kl"] and a["oblr/lr"] == b["oblr/lr"]
+    assert all(torch.equal(r0["after"][k], r1["after"][k]) for k in r0["after"])
+    # step 1's KL over the global batch (both ranks' rows), from the initial weights to those after step 1
+    before = load_model_and_tokenizer(trl_model)[0].double()
+    after = load_model_and_tokenizer(trl_model)[0]
+    after.load_state_dict(r0["after"])
+    after.double()
+    kl = tokens = 0.0
+    for r in (r0, r1):
+        b = r["round"]
+        assert b["rewards"].shape == (2, G)
+        k, t = one_at_a_time_step_kl(before, after, b["input_ids"], b["attention_mask"], b["response_mask"])
+        kl, tokens = kl + k, tokens + t
+    assert rows0[0]["oblr/step_kl"] == pytest.approx(kl / tokens, rel=2e-3)
+    N = 2 * 2  # prompts of the generation batch over both processes: the default target's N
+    assert r0["target"] == pytest.approx(3e-3 * N / 128)
+    assert [r["oblr/lr"] for r in rows0] == pytest.approx(
+        kl_rule_lrs([r["oblr/step_kl"] for r in rows0], 0.05, r0["target"]), rel=1e-6)

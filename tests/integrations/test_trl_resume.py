@@ -1,7 +1,7 @@
 """Resuming OBLRGRPOTrainer from a TRL checkpoint continues the learning-rate schedule: a run of 4 steps saves a
 checkpoint after step 2; a new trainer resumed from it holds the schedule's state the first run had after step 2
-(the SNR EMA averages and step count, or the ``auto`` schedule's measured state with its buffers) and logs the
-same statistics and lrs on steps 3 and 4. The uninterrupted run's lrs are also recomputed from its logged
+(the SNR EMA averages and step count, the ``auto`` schedule's measured state with its buffers, or the ``kl``
+schedule's averaged stiffness and lr) and logs the same statistics and lrs on steps 3 and 4. The uninterrupted run's lrs are also recomputed from its logged
 statistics with the warm-up written out (the regime where the state decides the lr: EMA on, inside a warm-up)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from transformers import TrainerCallback  # noqa: E402
 from oblr.models import load_model_and_tokenizer  # noqa: E402
 
 from .test_trl_schedule import noisy_reward  # noqa: E402
-from .trl_helpers import make_trainer  # noqa: E402
+from .trl_helpers import kl_rule_lrs, make_trainer  # noqa: E402
 
 STEPS, SAVE_AT, WARMUP, EMA, ETA_MAX, G, ROWS = 4, 2, 3, 0.9, 1e-3, 4, 8
 
@@ -41,9 +41,10 @@ class ScheduleSnapshots(TrainerCallback):
 
 def _run(trl_model, out_dir, schedule: str, resume_from=None):
     model, tok = load_model_and_tokenizer(trl_model)
-    kw = dict(learning_rate=ETA_MAX, oblr_snr_ema=EMA, oblr_lr_schedule=schedule) if schedule != "auto" else dict(
-        learning_rate=0.05, oblr_lr_schedule="auto",
-        oblr_schedule_options={"max_change": 3.0, "probe": 1.0, "scale_ema": 0.5})
+    kw = dict(learning_rate=ETA_MAX, oblr_snr_ema=EMA, oblr_lr_schedule=schedule)
+    if schedule == "auto":
+        kw = dict(learning_rate=0.05, oblr_lr_schedule="auto",
+                  oblr_schedule_options={"max_change": 3.0, "probe": 1.0, "scale_ema": 0.5})
     trainer = make_trainer(model, tok, out_dir, reward=noisy_reward, per_device_train_batch_size=ROWS,
                            num_generations=G, max_steps=STEPS, warmup_steps=WARMUP, save_strategy="steps",
                            save_steps=SAVE_AT, save_only_model=False, **kw)
@@ -81,7 +82,7 @@ def _snr_lrs_by_hand(rows: list[dict], n: int, beta1: float | None = None) -> li
     return out
 
 
-@pytest.mark.parametrize("schedule", ["snr", "snr_adam", "auto"])
+@pytest.mark.parametrize("schedule", ["snr", "snr_adam", "auto", "kl"])
 def test_resumed_trainer_continues_the_schedule_of_the_uninterrupted_run(trl_model, tmp_path, schedule):
     straight, snaps, rows = _run(trl_model, tmp_path / "straight", schedule)
     assert sorted(rows) == list(range(1, STEPS + 1))
@@ -94,13 +95,20 @@ def test_resumed_trainer_continues_the_schedule_of_the_uninterrupted_run(trl_mod
     assert not _same(snaps.after_step[SAVE_AT], snaps.after_step[SAVE_AT - 1])  # it is a state that moves
     # the next steps: the same statistics and lrs, and the same final state
     for step in range(SAVE_AT + 1, STEPS + 1):
-        for key in ("oblr/signal", "oblr/V", "oblr/lr", "learning_rate"):
+        for key in ("oblr/step_kl",) if schedule == "kl" else ("oblr/signal", "oblr/V"):
+            assert rrows[step][key] == pytest.approx(rows[step][key], rel=1e-9, abs=1e-15), (step, key)
+        for key in ("oblr/lr", "learning_rate"):
             assert rrows[step][key] == pytest.approx(rows[step][key], rel=1e-9, abs=1e-15), (step, key)
     assert _same(rsnaps.after_step[STEPS], snaps.after_step[STEPS])
     ctl, rctl = straight.lr_scheduler.controller, resumed.lr_scheduler.controller
     assert rctl.get_last_lr() == pytest.approx(ctl.get_last_lr(), rel=1e-9)
     lrs = [rows[s]["oblr/lr"] for s in range(1, STEPS + 1)]
-    if schedule != "auto":
+    if schedule == "kl":  # each applied lr from the logged KLs by the rule, inside the warm-up
+        assert lrs == pytest.approx(kl_rule_lrs([rows[s]["oblr/step_kl"] for s in range(1, STEPS + 1)], ETA_MAX,
+                                                ctl.target, warmup=WARMUP), rel=1e-6)
+        assert lrs[0] == pytest.approx(0.1 * ETA_MAX / WARMUP)
+        assert ctl.n == rctl.n == STEPS and rctl.avg == pytest.approx(ctl.avg, rel=1e-9)
+    elif schedule != "auto":
         n = ROWS // G
         beta1 = straight.args.adam_beta1 if schedule == "snr_adam" else None
         assert lrs == pytest.approx(_snr_lrs_by_hand([rows[s] for s in range(1, STEPS + 1)], n, beta1), rel=1e-9,

@@ -2,7 +2,9 @@
 logged unclamped signal and V and the configured N (the generation batch's prompts, here twice a per-device
 batch's: gradient accumulation 2), with a noisy reward (the regime where clamping before the
 EMA changes the lr); the ``auto`` schedule (``learning_rate="auto"``) runs in TRL with its probe and its
-bounded changes."""
+bounded changes; the ``kl`` schedule measures the KL each step moved the policy by (against a float64
+one-sequence-at-a-time reference from the weights before and after the step, clipping on) and sets each lr
+from it by the rule."""
 
 import zlib
 
@@ -10,10 +12,13 @@ import pytest
 
 pytest.importorskip("trl")
 
+from transformers import TrainerCallback  # noqa: E402
+
+from oblr.kl_rate import KLStepSchedule  # noqa: E402
 from oblr.models import load_model_and_tokenizer  # noqa: E402
 from oblr.step_scale import AutoStepSchedule  # noqa: E402
 
-from .trl_helpers import make_trainer  # noqa: E402
+from .trl_helpers import KeepRounds, kl_rule_lrs, make_trainer, one_at_a_time_step_kl  # noqa: E402
 
 # per optimizer step: one generation batch of 4 prompts x 4 completions, folded in 2 chunks of 8 rows, so the
 # N of S/(S + V/N) (the generation batch's prompts) differs from a chunk's (a per-device batch's) 2 prompts
@@ -78,3 +83,61 @@ def test_auto_schedule_runs_in_trl_from_learning_rate_auto(trl_model, tmp_path):
         assert a / 1.5 * (1 - 1e-9) <= b <= a * 1.5 * (1 + 1e-9)
     assert len(set(lrs)) > 1  # it moved
     assert [r["learning_rate"] for r in rows] == pytest.approx(lrs)
+
+
+class WeightSnapshots(TrainerCallback):
+    """Copies of the model's weights after each optimizer step."""
+
+    def __init__(self, model_fn):
+        self.model_fn = model_fn
+        self.after: list[dict] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.after.append({k: v.detach().clone() for k, v in self.model_fn().state_dict().items()})
+
+
+def test_kl_schedule_in_trl_measures_each_steps_kl_and_sets_the_next_lr_from_it(trl_model, tmp_path):
+    steps, guess = 4, 0.05
+    model, tok = load_model_and_tokenizer(trl_model)
+    trainer = make_trainer(model, tok, tmp_path, reward=noisy_reward, per_device_train_batch_size=ROWS,
+                           gradient_accumulation_steps=GA, num_generations=G, max_steps=steps, learning_rate=guess,
+                           oblr_lr_schedule="kl", max_grad_norm=0.05)
+    keep = KeepRounds(trainer)
+    snaps = WeightSnapshots(lambda: trainer.model)
+    trainer.add_callback(snaps)
+    trainer.train()
+    ctrl = trainer.lr_scheduler.controller
+    n = ROWS * GA // G  # the generation batch's prompts: the N of the default target
+    assert isinstance(ctrl, KLStepSchedule) and ctrl.target == pytest.approx(3e-3 * n / 128)
+    rows = [r for r in trainer.state.log_history if "oblr/lr" in r]
+    assert len(rows) == steps and all("oblr/step_kl" in r for r in rows)
+    assert not any("oblr/S" in r for r in rows)  # kl reads no S and V: they are not computed
+    assert all(r["oblr/kl/target"] == pytest.approx(ctrl.target) for r in rows)
+    # each step's KL against the float64 reference from the weights before and after it, on its own rows
+    build = lambda: load_model_and_tokenizer(trl_model)[0]  # noqa: E731
+    before = build().double()
+    assert len(keep.rounds) == len(snaps.after) == steps
+    for t, ((batch, _), after_sd) in enumerate(zip(keep.rounds, snaps.after)):
+        after = build()
+        after.load_state_dict(after_sd)
+        after.double()
+        kl, tokens = one_at_a_time_step_kl(before, after, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                           trainer.temperature)
+        assert kl > 0
+        assert rows[t]["oblr/step_kl"] == pytest.approx(kl / tokens, rel=2e-3), t
+        before = after
+    # each lr from the logged KLs by the rule, and the lr TRL applied
+    lrs = [r["oblr/lr"] for r in rows]
+    assert lrs == pytest.approx(kl_rule_lrs([r["oblr/step_kl"] for r in rows], guess, ctrl.target), rel=1e-6)
+    assert [r["learning_rate"] for r in rows] == pytest.approx(lrs, rel=1e-6)
+    assert len(set(lrs)) == steps  # it moved every step
+    # the regime: clipping was on (the rule measures the step that was taken, whatever its size)
+    assert max(r["grad_norm"] for r in rows) > 0.05
+
+
+def test_kl_schedule_is_refused_in_trl_with_an_unknown_option(tmp_path):
+    from oblr.integrations.trl import OBLRGRPOConfig
+
+    with pytest.raises(ValueError, match="oblr_schedule_options=.*kl: target, "):
+        OBLRGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, use_cpu=True,
+                       report_to=[], oblr_lr_schedule="kl", oblr_schedule_options={"eta_max": 1.0})

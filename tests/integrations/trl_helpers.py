@@ -94,6 +94,48 @@ def one_at_a_time_grads(model, input_ids, attention_mask, response_mask, tempera
     return torch.stack(rows)
 
 
+def one_at_a_time_step_kl(before, after, input_ids, attention_mask, response_mask,
+                          temperature: float = 1.0) -> tuple[float, float]:
+    """``(sum_i,t m_it k3_it, sum_i,t m_it)`` of a step from weights ``before`` to ``after`` (two models, run in
+    float64), each sequence ALONE (its padding stripped): ``k3 = exp(d) - d - 1`` with ``d = log pi_after -
+    log pi_before`` of the token sampled, under softmax(logits / T), written here from the formula."""
+    kl = tokens = 0.0
+    for i in range(input_ids.shape[0]):
+        keep = attention_mask[i].bool()
+        ids = input_ids[i][keep][None]
+        rm = response_mask[i][keep][None, 1:].double()
+        lps = []
+        with torch.no_grad():
+            for m in (before, after):
+                logits = m(input_ids=ids).logits.double() / temperature
+                lps.append(torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1))
+        d = lps[1] - lps[0]
+        kl += float(((d.exp() - d - 1) * rm).sum())
+        tokens += float(rm.sum())
+    return kl, tokens
+
+
+def kl_rule_lrs(step_kls: list[float], guess: float, target: float, probe: float = 0.1, max_change: float = 2.0,
+                kl_ema: float = 0.5, warmup: int = 0) -> list[float]:
+    """The lr applied at each step under the kl schedule, from the KL each step moved the policy by, written from
+    the rule: the rule's lr is ``probe x guess`` at step 1; the lr applied at step t is ``min(1, t / warmup)``
+    times the rule's; after step t, ``k_t = KL_t / applied_t^2``, its log averaged (bias-corrected EMA), and the
+    rule's lr becomes ``sqrt(target / kbar)``, at most ``max_change`` times the rule's previous lr after the first
+    measurement."""
+    import math
+
+    def warm(t: int) -> float:
+        return min(1.0, t / warmup) if warmup else 1.0
+
+    rule, avg, applied = probe * guess, 0.0, []
+    for t, kl in enumerate(step_kls, start=1):
+        applied.append(warm(t) * rule)
+        avg = kl_ema * avg + (1 - kl_ema) * math.log(kl / applied[-1] ** 2)
+        want = math.sqrt(target / math.exp(avg / (1 - kl_ema**t)))
+        rule = want if t == 1 else min(want, max_change * rule)
+    return applied
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
     return float((a - b).norm() / b.norm().clamp(min=1e-300))

@@ -14,9 +14,14 @@ Added fields (everything else is TRL's, used exactly as in ``GRPOConfig``):
   paper's rule, ``learning_rate`` is eta_max), ``snr_adam`` (the same factor counting Adam's momentum,
   :class:`oblr.snr.AdamSNRLearningRate`; Adam-family ``optim`` only) or ``auto`` (the measured step scale of
   :mod:`oblr.step_scale`,
-  ``learning_rate`` is its initial guess; ``learning_rate="auto"`` selects it with the guess 1e-3);
-  ``oblr_schedule_options``: that schedule's own options (``auto``: max_change, scale_ema, probe, confidence).
-  The same schedule objects as ``oblr train`` (:mod:`oblr.schedules`), fed the same unclamped statistics.
+  ``learning_rate`` is its initial guess; ``learning_rate="auto"`` selects it with the guess 1e-3) or ``kl``
+  (the lr that moves the policy by a target per-token KL each step, :mod:`oblr.kl_rate`, ``oblr train``'s
+  default; ``learning_rate`` is the guess of its scale, the first step a probe at a tenth of it; the KL is
+  measured after each optimizer step by one forward pass without gradients over the step's rows; not under
+  DeepSpeed); ``oblr_schedule_options``: that schedule's own options (``auto``: max_change, scale_ema, probe,
+  confidence; ``kl``: target, max_change, kl_ema, probe, prompts_per_step, which defaults to the generation
+  batch's prompts). The same schedule objects as ``oblr train`` (:mod:`oblr.schedules`), fed the same
+  unclamped statistics.
 
 - ``oblr_logit_chunk_tokens`` (default 0): the update's output layer in chunks of this many positions
   (:func:`oblr.logprobs.chunked_response_logprobs`, ``model.logit_chunk_tokens`` of ``oblr train``); with exact
@@ -55,8 +60,9 @@ from oblr.estimators import available_estimators
 from oblr.gradnorm.methods import CHECKPOINTED_ENGINES
 from oblr.schedules import check_schedule_options, schedule_options
 
-#: schedules oblr can apply inside TRL (all need the step's S and V); others are TRL's own lr_scheduler_type
-TRL_SCHEDULES = ("snr", "snr_adam", "auto")
+#: schedules oblr can apply inside TRL (snr, snr_adam, auto read the step's S and V; kl the KL the step moved the
+#: policy by); fixed schedules are TRL's own lr_scheduler_type
+TRL_SCHEDULES = ("snr", "snr_adam", "auto", "kl")
 #: GRPOConfig's learning_rate default (what an unset learning_rate means)
 TRL_DEFAULT_LR = next(f.default for f in fields(GRPOConfig) if f.name == "learning_rate")
 #: the initial guess of the auto schedule when ``learning_rate="auto"`` (oblr train's default optim.lr)
@@ -167,7 +173,7 @@ RULES: tuple[Rule, ...] = (
     Rule("oblr_baseline", lambda c: c.oblr_baseline in available_estimators(),
          f"one of {', '.join(available_estimators())}", "it is not a registered estimator"),
     Rule("oblr_snr_ema", lambda c: 0.0 <= c.oblr_snr_ema < 1.0, "a value in [0, 1)", "it is an EMA factor"),
-    Rule("oblr_lr_schedule", lambda c: c.oblr_lr_schedule in TRL_SCHEDULES, "oblr_lr_schedule='snr', 'snr_adam' or 'auto' "
+    Rule("oblr_lr_schedule", lambda c: c.oblr_lr_schedule in TRL_SCHEDULES, "oblr_lr_schedule='snr', 'snr_adam', 'auto' or 'kl' "
          "(fixed schedules: oblr_snr_lr=False and TRL's lr_scheduler_type)", "it is not a schedule oblr applies in TRL"),
     Rule("optim", lambda c: not c.oblr_snr_lr or c.oblr_lr_schedule != "snr_adam"
          or "adam" in str(getattr(c.optim, "value", c.optim)).lower(),
@@ -180,7 +186,7 @@ RULES: tuple[Rule, ...] = (
          "they are not options of the chosen schedule"),
     Rule("learning_rate", lambda c: isinstance(c.learning_rate, (int, float)) and not isinstance(c.learning_rate, bool)
          and math.isfinite(c.learning_rate) and c.learning_rate > 0,
-         "a positive number (or 'auto')", "it is the SNR rule's eta_max or the auto schedule's initial guess"),
+         "a positive number (or 'auto')", "it is the SNR rule's eta_max or the auto or kl schedule's initial guess"),
     Rule("oblr_eta_min", lambda c: math.isfinite(c.oblr_eta_min) and 0.0 <= c.oblr_eta_min <= c.learning_rate,
          "a value in [0, learning_rate]", "it is the floor of the SNR learning rate"),
     Rule("oblr_logit_chunk_tokens", lambda c: isinstance(c.oblr_logit_chunk_tokens, int)
@@ -245,9 +251,12 @@ class OBLRGRPOConfig(GRPOConfig):
     oblr_lr_schedule: str = field(default="snr", metadata={
         "help": "snr: learning_rate x S / (S + V/N) (learning_rate is eta_max); snr_adam: the same with V counted "
                 "after Adam's momentum (S / (S + kappa V/N)); auto: the measured step scale "
-                "(learning_rate is the initial guess; not the paper's rule)"})
+                "(learning_rate is the initial guess; not the paper's rule); kl: the lr that moves the policy by a "
+                "target per-token KL each step (learning_rate is a guess of the scale; oblr train's default; "
+                "not the paper's rule; not under DeepSpeed)"})
     oblr_schedule_options: dict = field(default_factory=dict, metadata={
-        "help": "options of oblr_lr_schedule (auto: max_change, scale_ema, probe, confidence)"})
+        "help": "options of oblr_lr_schedule (auto: max_change, scale_ema, probe, confidence; kl: target, "
+                "max_change, kl_ema, probe, prompts_per_step)"})
     oblr_logit_chunk_tokens: int = field(default=0, metadata={
         "help": "apply the output layer this many positions at a time in the update, each chunk recomputed in "
                 "the backward (no [B, T, vocab] logits held; 0 = whole logits; with exact norms needs "

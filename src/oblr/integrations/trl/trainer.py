@@ -49,9 +49,9 @@ from oblr.distributed.collectives import all_reduce_grads, all_reduce_sum
 from oblr.distributed.step import step_statistics
 from oblr.gradnorm import make_book
 from oblr.losses import BatchTotals, sequence_scale
-from oblr.schedules import make_lr_controller
+from oblr.schedules import SCHEDULES, make_lr_controller
 from oblr.snr import snr_statistics
-from oblr.update import UpdateSettings, accumulate_policy_gradient, trainable_params
+from oblr.update import UpdateSettings, accumulate_policy_gradient, step_kl_sums, trainable_params
 
 from .config import OBLRGRPOConfig
 
@@ -157,7 +157,12 @@ class OBLRGRPOTrainer(GRPOTrainer):
         if self.is_deepspeed_enabled and args.oblr_snr_lr and args.oblr_lr_schedule == "auto":
             raise ValueError("OBLRGRPOTrainer: oblr_lr_schedule='auto' is not supported under DeepSpeed (it reads "
                              "the parameters' full .grad, which ZeRO partitions); use oblr_lr_schedule='snr'")
-        self._oblr_controller = None  # an oblr.schedules controller (snr or auto) once the scheduler exists
+        if self.is_deepspeed_enabled and self._oblr_schedule_has("needs_step_kl"):
+            raise ValueError("OBLRGRPOTrainer: oblr_lr_schedule='kl' is not supported under DeepSpeed (its step KL "
+                             "is measured by oblr's forward pass after the update, which ZeRO's partitioned "
+                             "weights do not run untested); use oblr_lr_schedule='snr' or no DeepSpeed")
+        self._oblr_controller = None  # an oblr.schedules controller (snr, snr_adam, auto, kl) once the scheduler exists
+        self._oblr_kl_round = None  # kl: (GenerationBatch, old log-probs, UpdateSettings) of the step being taken
         self._oblr_pending: tuple[torch.Tensor, int] | None = None  # (sum_k ||g_k||^2, N) awaiting ||gbar||^2
         self._oblr_round_loss = None
         self.oblr_last_round = None  # (GenerationBatch, UpdateResult) of the last generation batch (tests, debugging)
@@ -176,20 +181,34 @@ class OBLRGRPOTrainer(GRPOTrainer):
             self._oblr_controller = make_lr_controller(
                 a.oblr_lr_schedule, inner, lr=a.learning_rate, eta_min=a.oblr_eta_min, ema=a.oblr_snr_ema,
                 warmup_steps=a.get_warmup_steps(num_training_steps), total_steps=num_training_steps, grad_clip=clip,
-                **(a.oblr_schedule_options or {}))
+                **{"prompts_per_step": a.generation_batch_size // self.num_generations,
+                   **(a.oblr_schedule_options or {})})
             if self.is_deepspeed_enabled:
                 inner.register_step_pre_hook(lambda opt, args, kwargs: self._oblr_lr_from_deepspeed())
+            if getattr(self._oblr_controller, "needs_step_kl", False):
+                inner.register_step_post_hook(lambda opt, args, kwargs: self._oblr_observe_step_kl())
             self.lr_scheduler = _OBLRSchedule(self._oblr_controller)
             self._created_lr_scheduler = True
         return self.lr_scheduler
+
+    def _oblr_schedule_has(self, attribute: str) -> bool:
+        """Whether oblr sets the lr with a schedule whose class sets ``attribute`` (``needs_snr``: S and V of
+        the step; ``needs_step_kl``: the KL the step moved the policy by), read before the controller exists."""
+        return bool(self.args.oblr_snr_lr) and bool(getattr(SCHEDULES.get(self.args.oblr_lr_schedule), attribute,
+                                                            False))
 
     def _oblr_set_lr(self, gbar_sq: torch.Tensor | None = None) -> None:
         """S, V, SNR from the pending per-prompt norms and ``||gbar||^2``; set the lr of every param group.
         ``gbar_sq`` None: the folded gradient is in ``.grad``, and :func:`oblr.distributed.step.step_statistics`
         (the one owner of the step's ``||gbar||^2`` and S, V) sums it; otherwise the squared pre-clip norm of
-        the gradient DeepSpeed (or the Trainer) reduced."""
+        the gradient DeepSpeed (or the Trainer) reduced. A schedule that reads no S and V (``kl``) steps on
+        None and only its lr is logged."""
         sum_gk, n = self._oblr_pending
         self._oblr_pending = None
+        if not self._oblr_controller.needs_snr:
+            self._oblr_controller.step(None)
+            self._metrics["train"]["oblr/lr"].append(float(self._oblr_controller.get_last_lr()[0]))
+            return
         if gbar_sq is None:
             gbar_sq, st = step_statistics(trainable_params(self.model), sum_gk, n)
         else:
@@ -203,6 +222,31 @@ class OBLRGRPOTrainer(GRPOTrainer):
         for k, v in self._oblr_controller.metrics().items():
             if k.startswith("auto/"):
                 m[f"oblr/{k}"].append(float(v))
+
+    def _oblr_observe_step_kl(self) -> None:
+        """Post-step hook of the inner optimizer (the ``kl`` schedule, no DeepSpeed): the per-token
+        KL(pi_old || pi_new) the step just taken moved the policy by, on the step's own rows
+        (:func:`oblr.update.step_kl_sums`: one forward pass without gradients per micro-batch, the sums added over
+        processes, so every rank reads the same KL), fed to the controller, which sets the next step's lr from it
+        (:mod:`oblr.kl_rate`). Logged as ``oblr/step_kl`` with the controller's ``oblr/kl/*``, as ``oblr train``
+        logs ``policy/step_kl`` and ``kl/*``."""
+        if self._oblr_kl_round is None:
+            return
+        batch, old_logprobs, settings = self._oblr_kl_round
+        self._oblr_kl_round = None
+        t0 = time.perf_counter()
+        with self._oblr_core_model() as model:
+            sums = step_kl_sums(model, batch, old_logprobs, settings, self.num_generations,
+                                autocast=self.accelerator.autocast)
+        kl_sum, tokens = (float(x) for x in all_reduce_sum(sums))  # identity on one process
+        kl = kl_sum / tokens if tokens > 0 else 0.0
+        self._oblr_controller.observe_step_kl(kl)
+        m = self._metrics["train"]
+        m["oblr/step_kl"].append(kl)
+        for k, v in self._oblr_controller.metrics().items():
+            if k.startswith("kl/"):
+                m[f"oblr/{k}"].append(float(v))
+        m["oblr/time_step_kl"].append(time.perf_counter() - t0)
 
     def _oblr_lr_from_deepspeed(self) -> None:
         """Pre-step hook of the inner optimizer under DeepSpeed: DeepSpeed has reduced the gradient and stored
@@ -286,7 +330,7 @@ class OBLRGRPOTrainer(GRPOTrainer):
         G = self.num_generations
         settings = UpdateSettings(baseline=self.args.oblr_baseline, temperature=self.temperature, top_p=self.top_p,
                                   kl_coef=float(self.beta), micro_batch_groups=max(1, self.args.per_device_train_batch_size // G),
-                                  need_snr=self.args.oblr_snr_lr, assemble_grad=self._oblr_fold,
+                                  need_snr=self._oblr_schedule_has("needs_snr"), assemble_grad=self._oblr_fold,
                                   logit_chunk_tokens=self.args.oblr_logit_chunk_tokens,
                                   checkpointed_engine=self.args.oblr_checkpointed_engine)
         n_prompts = self.args.generation_batch_size // G
@@ -295,6 +339,8 @@ class OBLRGRPOTrainer(GRPOTrainer):
                                              n_prompts=n_prompts, autocast=self.accelerator.autocast,
                                              ref_model=self._oblr_reference(model) if self.beta else None)
         self.oblr_last_round = (batch, res)
+        if self._oblr_schedule_has("needs_step_kl"):
+            self._oblr_kl_round = (batch, res.old_logprobs, settings)
         m_core = res.metrics
         w = res.estimate.weights
         w = w.reshape(-1) if w is not None else torch.zeros(0, device=res.advantages.device)
