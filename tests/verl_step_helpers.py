@@ -125,10 +125,11 @@ def grads(model):
 
 def native_step(model, opt, ctl, ro, micro_groups: int = MICRO_ROWS // G) -> dict:
     """oblr's own step on the rollouts (what ``oblr train`` does with ``algorithm.aggregation=seq_sum_const``,
-    ``max_len=R_MAX``): the update core, S and V, the schedule, clipping, the optimizer step."""
+    ``max_len=R_MAX``): the update core, S and V, the schedule, clipping, the optimizer step, and for a schedule
+    that reads it (``kl``) the step's KL on its rows, observed by the schedule (``step_kl``)."""
     from oblr.distributed import clip_grads_
     from oblr.distributed.step import step_statistics
-    from oblr.update import UpdateSettings, accumulate_policy_gradient, trainable_params
+    from oblr.update import UpdateSettings, accumulate_policy_gradient, step_kl_sums, trainable_params
 
     opt.zero_grad(set_to_none=True)
     settings = UpdateSettings(baseline="oblr", aggregation="seq_sum_const", max_len=R_MAX, need_snr=True,
@@ -140,8 +141,13 @@ def native_step(model, opt, ctl, ro, micro_groups: int = MICRO_ROWS // G) -> dic
     lr = opt.param_groups[0]["lr"]
     clip_grads_(trainable_params(model), CLIP, grad_sq)
     opt.step()
-    return {"w": res.estimate.weights.reshape(-1), "adv": res.advantages.reshape(-1), "grads": g,
-            "S": float(st.S), "V": float(st.V), "n": st.n, "lr": lr}
+    out = {"w": res.estimate.weights.reshape(-1), "adv": res.advantages.reshape(-1), "grads": g,
+           "S": float(st.S), "V": float(st.V), "n": st.n, "lr": lr}
+    if getattr(ctl, "needs_step_kl", False):
+        kl, tokens = (float(x) for x in step_kl_sums(model, core_batch(ro), res.old_logprobs, settings, G))
+        out["step_kl"] = kl / tokens
+        ctl.observe_step_kl(out["step_kl"])
+    return out
 
 
 def verl_engine(model, opt):
@@ -184,7 +190,7 @@ def verl_step(model, engine, lr, data, *, dp_group=None, world: int = 1, total_r
     B = len(data)
     total_rows = B * world if total_rows is None else total_rows
     npass = norm_pass(model, data, cfg, rollout_n=G, temperature=TEMPERATURE, dp_group=dp_group)
-    lr.pending_from(data)
+    lr.pending_from(data, npass.step_kl)
     ids, am = b["input_ids"], b["attention_mask"]
     R = b["responses"].shape[1]
     P = ids.shape[1] - R
@@ -223,7 +229,8 @@ def verl_step(model, engine, lr, data, *, dp_group=None, world: int = 1, total_r
     engine.optimizer_step()
     st = lr.last
     return {"w": npass.weights, "norm_pass_adv": npass.advantages, "adv": (adv * rm).sum(-1) / rm.sum(-1),
-            "grads": g, "S": float(st.S), "V": float(st.V), "n": st.n, "lr": opt.param_groups[0]["lr"]}
+            "grads": g, "S": float(st.S), "V": float(st.V), "n": st.n, "lr": opt.param_groups[0]["lr"],
+            "step_kl": lr.last_step_kl}
 
 
 def per_row_scores(model, ids, am, rm) -> torch.Tensor:
@@ -263,7 +270,7 @@ def pair(schedule: str):
     m2 = copy.deepcopy(m1)
     o1 = torch.optim.AdamW(m1.parameters(), lr=LR, weight_decay=0.0)
     o2 = torch.optim.AdamW(m2.parameters(), lr=LR, weight_decay=0.0)
-    c1 = make_lr_controller(schedule, o1, lr=LR, grad_clip=CLIP)
+    c1 = make_lr_controller(schedule, o1, lr=LR, grad_clip=CLIP, prompts_per_step=N)  # as oblr train passes N
     c2 = ActorLearningRate(o2, schedule, lr=LR, grad_clip=CLIP)
     engine = verl_engine(m2, o2)
     wrap_optimizer_step(engine, c2)  # what the recipe's worker does to the actor's engine

@@ -33,7 +33,9 @@ fixed rate; SGD with 3e-3 was level with the tuned rate and with 3.75e-4 fell be
 
 Cost: one forward pass without gradients over the batch per step (``time/step_kl``). It runs where that
 measurement runs: ``oblr train`` in one process and under torchrun (DDP, FSDP2: every rank reads the same
-gathered KL, so the lrs are bit-identical). The TRL and verl adapters do not measure it and refuse the name.
+gathered KL, so the lrs are bit-identical), TRL's ``OBLRGRPOTrainer`` (``oblr_lr_schedule='kl'``: a post-step
+hook of the optimizer, not under DeepSpeed) and verl's recipe (``+actor_rollout_ref.oblr.lr_schedule=kl``:
+after the actor engine's ``optimizer_step``), each summing the KL over processes before dividing.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def next_lr(mean_log_k: float, target: float, lr: float, max_change: float, firs
     return want if first else min(want, max_change * lr)
 
 
-def _is_sgd(optimizer) -> bool:
+def is_sgd(optimizer) -> bool:
     import torch
 
     return isinstance(optimizer, torch.optim.SGD)
@@ -109,7 +111,7 @@ class KLStepSchedule(LRController):
                  kl_ema: Annotated[float, Range(ge=0, lt=1)] = 0.5,
                  probe: Annotated[float, Range(gt=0, le=1)] = 0.1):
         if target is None:
-            target = default_target(prompts_per_step, adaptive=not _is_sgd(optimizer))
+            target = default_target(prompts_per_step, adaptive=not is_sgd(optimizer))
         if not (0 < target and max_change >= 1 and 0 <= kl_ema < 1 and 0 < probe <= 1):
             raise ValueError(f"kl schedule: need target > 0, max_change >= 1, 0 <= kl_ema < 1, 0 < probe <= 1; "
                              f"got {target}, {max_change}, {kl_ema}, {probe}")

@@ -4,9 +4,10 @@ verl 0.9.1's engine workers need CUDA, so the step is driven as its worker drive
 functions (tests/verl_step_helpers.py): the norm pass on the actor, ``compute_advantage`` with the registered
 estimator, ``ppo_loss`` with the registered loss over two micro-batches, ``FSDPEngine.optimizer_step`` with
 oblr's learning rate in front. Rollouts are sampled at temperature 0.8 and their rewards vary. Checked:
-w_i, advantages, the gradient, S, V, the lr, and the parameters after two steps (``snr`` and ``auto``;
-``auto`` measures from its second step). The two-rank test runs the same on 2 gloo processes, each with
-whole groups, against the one-process step."""
+w_i, advantages, the gradient, S, V, the lr, and the parameters after two steps (``snr``, ``snr_adam``,
+``auto``, ``kl``; ``auto`` measures from its second step; ``kl`` measures each step's KL after the engine's
+update and sets the next lr from it). The two-rank tests run the same on 2 gloo processes, each with whole
+groups, against the one-process step (``snr``, and ``kl``: the KL over both ranks' rows)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def assert_stats_close(got: dict, ref: dict) -> None:
     assert abs(got["lr"] - ref["lr"]) <= TOL * h.LR, ("lr", got["lr"], ref["lr"])
 
 
-@pytest.mark.parametrize("schedule", ["snr", "snr_adam", "auto"])
+@pytest.mark.parametrize("schedule", ["snr", "snr_adam", "auto", "kl"])
 def test_verl_step_equals_oblrs_native_step(schedule):
     (m1, o1, c1), (m2, eng, lr2) = h.pair(schedule)
     for step in range(2):
@@ -58,7 +59,14 @@ def test_verl_step_equals_oblrs_native_step(schedule):
         assert h.rel(ver["adv"], nat["adv"][perm]) < TOL
         assert h.rel(ver["grads"], nat["grads"]) < TOL
         assert nat["S"] > 0 and nat["V"] > 0
-        assert_stats_close(ver, nat)
+        if schedule == "kl":  # the lr from the last step's KL (none before step 1: the probe)
+            assert ver["lr"] == pytest.approx(nat["lr"], rel=TOL)
+            assert nat["step_kl"] > 0 and ver["step_kl"] == pytest.approx(nat["step_kl"], rel=TOL)
+            assert lr2.controller.lr == pytest.approx(c1.lr, rel=TOL)  # the next step's lr
+            # the default target's N: oblr train's rollout.prompts_per_step, the norm pass's prompt count in verl
+            assert lr2.controller.target == c1.target == pytest.approx(3e-3 * h.N / 128)
+        else:
+            assert_stats_close(ver, nat)
         if schedule == "auto" and step == 1:
             assert c1.last.get("auto/skipped") == 0.0  # the second step was measured, not skipped
         assert h.rel([p.detach() for p in m2.parameters()], [p.detach() for p in m1.parameters()]) < TOL
@@ -100,10 +108,12 @@ def test_norm_pass_refuses_split_groups_missing_rewards_and_refused_settings():
 def test_actor_learning_rate_refuses_schedules_without_snr_and_needs_the_norm_pass():
     model = h.initial_model()
     opt = torch.optim.AdamW(model.parameters(), lr=h.LR)
-    with pytest.raises(ValueError, match="does not use S and V"):
+    with pytest.raises(ValueError, match="does not use S and V or the step's KL"):
         ActorLearningRate(opt, "cosine", lr=h.LR)
-    with pytest.raises(ValueError, match="only oblr train measures"):  # kl: no silent constant lr in verl
-        ActorLearningRate(opt, "kl", lr=h.LR)
+    kl_opt = torch.optim.AdamW(model.parameters(), lr=h.LR)
+    kl = ActorLearningRate(kl_opt, "kl", lr=h.LR)  # kl: no silent constant lr without the norm pass's rows
+    with pytest.raises(ValueError, match="needs the norm pass's rows"):
+        kl.set_pending(1.0, 4)
     lr = ActorLearningRate(opt, "snr", lr=h.LR)
     with pytest.raises(ValueError, match=r"no meta_info\['oblr_norm_pass'\]"):
         lr.pending_from(h.data_proto(h.sample_rollouts(model, seed=5)))
@@ -117,7 +127,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_ranks(tmp_path, ro, native_grads, split: list[int] | None = None) -> list[dict]:
+def _two_ranks(tmp_path, ro, native_grads, split: list[int] | None = None, schedule: str = "snr") -> list[dict]:
     """tests/verl_dp_worker.py on 2 gloo processes (rank r takes ``split[r]`` whole groups; default equal
     halves); each rank's JSON result."""
     torch.save(vars(ro), tmp_path / "rollouts.pt")
@@ -126,7 +136,7 @@ def _two_ranks(tmp_path, ro, native_grads, split: list[int] | None = None) -> li
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     port = _free_port()
-    extra = [",".join(map(str, split))] if split else []
+    extra = [",".join(map(str, split)) if split else "-", schedule]
     procs = [subprocess.Popen([sys.executable, str(tests / "verl_dp_worker.py"), str(r), "2", str(port),
                                str(tmp_path / f"rank{r}.json"), str(tmp_path / "rollouts.pt"),
                                str(tmp_path / "native_grads.pt"), *extra], env=env, stdout=subprocess.PIPE,
@@ -152,6 +162,21 @@ def test_two_gloo_ranks_with_whole_groups_equal_the_one_process_step(tmp_path):
         assert_stats_close(out, nat)
         for k in ("S", "V", "lr"):
             assert out[k] == ranks[0][k]  # identical on every rank
+
+
+def test_two_gloo_ranks_measure_the_kl_schedules_step_kl_over_the_global_batch(tmp_path):
+    """kl on 2 processes (gloo), each with 2 whole groups: the step's KL is the one-process step's KL on the same
+    4 groups (the sums added over ranks), identical on both ranks, and so is the next lr it sets."""
+    (m1, o1, c1), _ = h.pair("kl")
+    ro = h.sample_rollouts(m1, seed=22)
+    nat = h.native_step(m1, o1, c1, ro)
+    ranks = _two_ranks(tmp_path, ro, nat["grads"], schedule="kl")
+    assert nat["step_kl"] > 0
+    for out in ranks:
+        assert out["grad_rel_to_native"] < TOL
+        assert out["step_kl"] == pytest.approx(nat["step_kl"], rel=TOL)
+        assert out["next_lr"] == pytest.approx(c1.lr, rel=TOL)
+        assert out["step_kl"] == ranks[0]["step_kl"] and out["next_lr"] == ranks[0]["next_lr"]
 
 
 # --- tool output inside a response (zeros inside the response mask); ranks with different prompt counts ---

@@ -174,23 +174,31 @@ def test_install_learning_rate_reads_verls_optim_config_and_sets_the_lr_before_t
 def _run_steps(engine, lr, model, steps) -> list[float]:
     """Optimizer steps driven as the worker drives them, on gradients and per-prompt sums made from the step
     number (the same step gives the same numbers in every run); 0 < ||gbar||^2 < mean_k ||g_k||^2 varies, so
-    S and V vary and the EMA matters. Returns the lr set at each step."""
+    S and V vary and the EMA matters. The kl schedule measures each step's KL on the rows of a norm pass, here on
+    rollouts sampled from the model with the step's seed. Returns the lr set at each step."""
     import torch
+    import verl_step_helpers as h
+
+    from oblr.integrations.verl.actor import norm_pass
 
     out = []
     for t in steps:
+        kl_round = None
+        if lr.needs_step_kl:
+            data = h.data_proto(h.sample_rollouts(model, seed=2000 + t))
+            kl_round = norm_pass(model, data, h.actor_config(), rollout_n=h.G, temperature=h.TEMPERATURE).step_kl
         gen = torch.Generator().manual_seed(1000 + t)
         for p in model.parameters():
             p.grad = 1e-3 * torch.randn(p.shape, generator=gen)
         gbar_sq = float(sum((p.grad.double() ** 2).sum() for p in model.parameters()))
         n = 8
-        lr.set_pending(gbar_sq * n / (0.3 + 0.6 * ((7 * t) % 5) / 4), n)
+        lr.set_pending(gbar_sq * n / (0.3 + 0.6 * ((7 * t) % 5) / 4), n, kl_round)
         engine.optimizer_step()
         out.append(engine.optimizer.param_groups[0]["lr"])
     return out
 
 
-@pytest.mark.parametrize("schedule", ["snr", "snr_adam", "auto"])
+@pytest.mark.parametrize("schedule", ["snr", "snr_adam", "auto", "kl"])
 def test_the_schedules_state_travels_with_the_engines_checkpoint(config, tmp_path, schedule):
     """A run saved after 4 steps and resumed from verl's checkpoint folder sets the same lrs (and weights) as
     the run that went on, with the EMA on; resumed without the oblr state file it does not (and says so)."""

@@ -21,9 +21,13 @@ estimator reads them instead of estimating again (:func:`~oblr.integrations.verl
 :class:`ActorLearningRate` turns those into the learning rate: before the actor's optimizer step
 :func:`oblr.distributed.step.step_statistics` (as in ``oblr train`` on ranks) sums ``||gbar||^2`` of verl's
 reduced gradient once (float64) and forms S, V with :func:`oblr.snr.snr_statistics`; it then steps an oblr
-schedule (:func:`oblr.schedules.make_lr_controller`: ``snr`` or ``auto``), which sets every param group's lr.
-:func:`wrap_optimizer_step` installs it in front of a verl engine's ``optimizer_step`` (before its gradient
-clipping, so S and V see the unclipped gradient).
+schedule (:func:`oblr.schedules.make_lr_controller`: ``snr``, ``snr_adam``, ``auto`` or ``kl``), which sets
+every param group's lr. With ``kl`` it also measures, right after the optimizer step, the per-token
+KL(pi_old || pi_new) the step moved the policy by on the norm pass's rows (:func:`oblr.update.step_kl_sums`
+with the norm pass's own old log-probs: one forward pass without gradients per micro-batch, the sums
+all-reduced over ``dp_group``, so every rank sets the same next lr), as ``oblr train`` does.
+:func:`wrap_optimizer_step` installs both around a verl engine's ``optimizer_step`` (the lr before its gradient
+clipping, so S and V see the unclipped gradient; the KL after its update).
 :func:`wrap_checkpointing` puts the schedule's state (EMA averages, step count, the ``auto`` scale) into the
 engine's checkpoints, one file per rank beside verl's own shards (:data:`STATE_FILE`), and restores it on load,
 so a resumed run continues the same learning-rate trajectory.
@@ -62,6 +66,30 @@ class NormPass:
     gk_sq_sum: torch.Tensor      # float64 0-d: sum of ||g_k||^2 over every rank's prompts
     n_prompts: int               # prompts of the global batch
     metrics: dict
+    step_kl: StepKLRound | None = None  # what the kl schedule needs to measure the coming step's KL
+
+
+@dataclass
+class StepKLRound:
+    """The rows of one norm pass as the step's KL is measured on them after the optimizer step: the core's
+    batch, the policy's log-probs before the step (the norm pass's own), its micro-batching and scoring."""
+
+    module: object
+    batch: object
+    old_logprobs: torch.Tensor
+    settings: object             # oblr.update.UpdateSettings of the norm pass
+    group_size: int
+    dp_group: object = None
+    autocast: object = None
+
+    def measure(self) -> float:
+        """The per-token KL(pi_old || pi_new) over every rank's rows, with the module's weights now."""
+        from oblr.update import step_kl_sums
+
+        sums = step_kl_sums(self.module, self.batch, self.old_logprobs, self.settings, self.group_size,
+                            autocast=self.autocast)
+        kl, tokens = (float(x) for x in _all_sum(sums, self.dp_group))
+        return kl / tokens if tokens > 0 else 0.0
 
 
 def _rank_info(dp_group):
@@ -154,7 +182,8 @@ def norm_pass(module, data, actor_config, *, rollout_n: int, temperature: float 
     gk_sum = _all_sum(gks.sum().reshape(1).clone(), group)[0]
     put_advantages(data, adv)
     data.meta_info[META_KEY] = {"gk_sq_sum": float(gk_sum), "n_prompts": n_total}
-    return NormPass(w, adv, gks, gk_sum, n_total, res.metrics)
+    kl_round = StepKLRound(module, batch, res.old_logprobs, settings, G, group, autocast)
+    return NormPass(w, adv, gks, gk_sum, n_total, res.metrics, kl_round)
 
 
 def _sharded(params) -> bool:
@@ -166,11 +195,14 @@ def _sharded(params) -> bool:
 class ActorLearningRate:
     """oblr's learning-rate schedule on the actor's optimizer, stepped from the norm pass's statistics.
 
-    ``schedule``: a name of :data:`oblr.schedules.SCHEDULES` that needs S and V (``snr``, ``snr_adam``, ``auto``); ``lr``:
-    eta_max (``snr``) or the initial guess (``auto``); the rest as :func:`oblr.schedules.make_lr_controller`.
-    Per optimizer step: :meth:`set_pending` with the norm pass's ``(gk_sq_sum, n_prompts)``, then
-    :meth:`before_step` after the backward (``.grad`` reduced over ranks, not yet clipped) and before
-    ``optimizer.step()``. ``auto`` reads whole parameters and gradients: refused when they are sharded."""
+    ``schedule``: a name of :data:`oblr.schedules.SCHEDULES` that needs S and V (``snr``, ``snr_adam``, ``auto``)
+    or the step's KL (``kl``); ``lr``: eta_max (``snr``) or the initial guess (``auto``, ``kl``); the rest as
+    :func:`oblr.schedules.make_lr_controller`. Per optimizer step: :meth:`set_pending` with the norm pass's
+    ``(gk_sq_sum, n_prompts)`` (and, for ``kl``, its :class:`StepKLRound`), then :meth:`before_step` after the
+    backward (``.grad`` reduced over ranks, not yet clipped) and before ``optimizer.step()``, and
+    :meth:`after_step` after it. ``auto`` reads whole parameters and gradients: refused when they are sharded.
+    ``kl`` without a ``target`` option takes the default target of the norm pass's prompt count
+    (:func:`oblr.kl_rate.default_target`), as ``oblr train`` takes ``rollout.prompts_per_step``."""
 
     def __init__(self, optimizer, schedule: str = "snr", *, lr: float, eta_min: float = 0.0, ema: float = 0.0,
                  warmup_steps: int = 0, total_steps: int = 1, grad_clip: float = 0.0, **options):
@@ -184,19 +216,20 @@ class ActorLearningRate:
             raise ValueError("oblr learning rate: lr_schedule=auto reads whole parameters and gradients, which "
                              "FSDP2 shards over ranks; use lr_schedule=snr")
         factory = SCHEDULES.get(schedule)  # refused from the class, before it touches the optimizer's lr
-        if getattr(factory, "needs_step_kl", False):
-            raise ValueError(f"oblr learning rate: schedule {schedule!r} sets the lr from the policy's KL per step, "
-                             f"which only oblr train measures (policy/step_kl); in verl use snr, snr_adam or auto")
-        if not getattr(factory, "needs_snr", False):
-            raise ValueError(f"oblr learning rate: schedule {schedule!r} does not use S and V; keep verl's own "
-                             f"lr scheduler instead")
+        self.needs_step_kl = bool(getattr(factory, "needs_step_kl", False))
+        if not (getattr(factory, "needs_snr", False) or self.needs_step_kl):
+            raise ValueError(f"oblr learning rate: schedule {schedule!r} does not use S and V or the step's KL; keep "
+                             f"verl's own lr scheduler instead")
+        self._default_target = self.needs_step_kl and options.get("target") is None
         self.controller = make_lr_controller(schedule, optimizer, lr=lr, eta_min=eta_min, ema=ema,
                                              warmup_steps=warmup_steps, total_steps=total_steps,
                                              grad_clip=grad_clip, **options)
         self.params = params
         self.schedule = schedule
         self.pending: tuple[float, int] | None = None
+        self.kl_round: StepKLRound | None = None
         self.last = None  # SNRStats of the last step
+        self.last_step_kl: float | None = None
 
     def state_dict(self) -> dict:
         """The schedule's name and state (what a resumed run needs to set the same lrs)."""
@@ -208,17 +241,27 @@ class ActorLearningRate:
             raise ValueError(f"oblr learning rate: the checkpoint holds the state of schedule "
                              f"{state.get('schedule')!r}, this run uses {self.schedule!r}")
         self.controller.load_state_dict(state["controller"])
-        self.pending = None
+        self.pending = self.kl_round = None
 
-    def set_pending(self, gk_sq_sum, n_prompts: int) -> None:
+    def set_pending(self, gk_sq_sum, n_prompts: int, step_kl: StepKLRound | None = None) -> None:
+        """The norm pass's S and V inputs for the coming step, and its rows for the step's KL (``kl``)."""
         self.pending = (float(gk_sq_sum), int(n_prompts))
+        if self.needs_step_kl:
+            if step_kl is None:
+                raise ValueError("oblr learning rate: the kl schedule needs the norm pass's rows to measure the "
+                                 "step's KL (set_pending(..., step_kl=NormPass.step_kl))")
+            self.kl_round = step_kl
+            if self._default_target:  # the N of the default target: the norm pass's prompts (the same every step)
+                from oblr.kl_rate import default_target, is_sgd
 
-    def pending_from(self, data) -> None:
+                self.controller.target = default_target(int(n_prompts), adaptive=not is_sgd(self.controller.optimizer))
+
+    def pending_from(self, data, step_kl: StepKLRound | None = None) -> None:
         """:meth:`set_pending` from the ``meta_info`` the norm pass left in a batch."""
         info = data.meta_info.get(META_KEY)
         if info is None:
             raise ValueError(f"oblr learning rate: the batch has no meta_info['{META_KEY}'] (run the norm pass)")
-        self.set_pending(info["gk_sq_sum"], info["n_prompts"])
+        self.set_pending(info["gk_sq_sum"], info["n_prompts"], step_kl)
 
     def before_step(self) -> dict | None:
         """S, V from the pending sums and ``||gbar||^2`` of ``.grad`` now; the schedule sets the lr. Returns
@@ -236,16 +279,32 @@ class ActorLearningRate:
         return {"oblr/S": float(st.S), "oblr/V": float(st.V), "oblr/snr": float(st.snr),
                 "oblr/grad_norm": float(gbar_sq.double().sqrt()), "oblr/lr": lr, "oblr/n": n}
 
+    def after_step(self) -> dict | None:
+        """``kl``: the KL the optimizer step just taken moved the policy by (:meth:`StepKLRound.measure`), fed to
+        the schedule, which sets the next step's lr from it. Returns ``oblr/step_kl`` and the schedule's
+        ``oblr/kl/*``, or None (another schedule, or nothing pending)."""
+        if self.kl_round is None:
+            return None
+        kl_round, self.kl_round = self.kl_round, None
+        kl = kl_round.measure()
+        self.controller.observe_step_kl(kl)
+        self.last_step_kl = kl
+        return {"oblr/step_kl": kl, **{f"oblr/{k}": float(v) for k, v in self.controller.metrics().items()
+                                       if k.startswith("kl/")}}
+
 
 def wrap_optimizer_step(engine, lr: ActorLearningRate) -> None:
-    """Put ``lr.before_step`` in front of a verl engine's ``optimizer_step`` (before its clipping)."""
+    """Put ``lr.before_step`` in front of a verl engine's ``optimizer_step`` (before its clipping) and
+    ``lr.after_step`` behind it (the ``kl`` schedule's measurement of the step just taken)."""
     if getattr(engine, "scaler", None) is not None:
         raise ValueError("oblr learning rate: a gradient scaler (fp16) scales .grad before the step; use bf16")
     inner = engine.optimizer_step
 
     def optimizer_step():
         lr.before_step()
-        return inner()
+        out = inner()
+        lr.after_step()
+        return out
 
     engine.optimizer_step = optimizer_step
 

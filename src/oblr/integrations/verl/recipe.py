@@ -10,7 +10,8 @@ overrides verl's private ``RayPPOTrainer._compute_old_log_prob`` and subclasses 
 
 - :class:`OBLRActorRolloutRefWorker` (verl's ``ActorRolloutRefWorker``): after ``init_model`` it puts
   :class:`~oblr.integrations.verl.actor.ActorLearningRate` in front of the actor engine's ``optimizer_step``
-  (``oblr.lr_schedule`` ``snr``, ``snr_adam`` or ``auto``, ``eta_max`` = ``actor.optim.lr``), and it has one more
+  (``oblr.lr_schedule`` ``snr``, ``snr_adam``, ``auto`` or ``kl``, ``eta_max`` or the guess =
+  ``actor.optim.lr``; with ``kl`` it measures the step's KL after the engine's update), and it has one more
   registered method, ``oblr_norm_pass`` (dispatched like ``compute_log_prob``: each data-parallel rank gets
   its contiguous block of rows), which runs :func:`~oblr.integrations.verl.actor.norm_pass` on the actor's
   module and returns each row's advantage A_i (computed there, once per step);
@@ -23,7 +24,7 @@ overrides verl's private ``RayPPOTrainer._compute_old_log_prob`` and subclasses 
   Ray starts (the actor's :data:`~oblr.integrations.verl.RULES` among them).
 
 Options (``+actor_rollout_ref.oblr.<key>=...``): ``lr_schedule`` (snr), ``eta_min`` (0), ``snr_ema`` (0.9,
-as ``oblr train``), ``warmup_steps`` (0), ``schedule_options`` (a dict for ``auto``). verl's own lr
+as ``oblr train``), ``warmup_steps`` (0), ``schedule_options`` (a dict for ``auto`` or ``kl``). verl's own lr
 scheduler still runs after each step; the next step's lr is set again before it is used.
 
 Not supported by the recipe: verl's v1 trainer (``trainer.use_v1=True``: its ``_compute_advantage`` reads a
@@ -157,7 +158,7 @@ class OBLRActorRolloutRefWorker(ActorRolloutRefWorker):
             res = norm_pass(engine.module, data, self._oblr_actor_config, rollout_n=int(self.config.rollout.n),
                             temperature=float(data.meta_info.get("temperature", self.config.rollout.temperature)),
                             dp_group=engine.get_data_parallel_group())
-        self._oblr_lr.set_pending(res.gk_sq_sum, res.n_prompts)
+        self._oblr_lr.set_pending(res.gk_sq_sum, res.n_prompts, res.step_kl)
         return DataProto.from_dict(tensors={ADVANTAGES_KEY: res.advantages.cpu()})
 
 
