@@ -117,6 +117,19 @@ M = [
     ("TRL KL term without its reference", "TRL gradient (beta)", "src/oblr/integrations/trl/trainer.py",
      "return _AdapterOffReference(model, self.accelerator.unwrap_model(self.model))",
      "return model", ["tests/integrations/test_trl_kl_top_p.py"]),
+    ("TRL kl: the step's KL measured before the optimizer step", "TRL kl schedule (step KL, lr)",
+     "src/oblr/integrations/trl/trainer.py", "inner.register_step_post_hook(lambda opt, args, kwargs: "
+     "self._oblr_observe_step_kl())", "inner.register_step_pre_hook(lambda opt, args, kwargs: "
+     "self._oblr_observe_step_kl())", ["tests/integrations/test_trl_schedule.py"]),
+    ("TRL kl: the step's KL not summed over processes", "TRL kl schedule (step KL, 2 processes)",
+     "src/oblr/integrations/trl/trainer.py", "(float(x) for x in all_reduce_sum(sums))", "(float(x) for x in sums)",
+     ["tests/integrations/test_trl_distributed.py"]),
+    ("verl kl: the step's KL measured before verl's update", "verl kl schedule (step KL, lr)",
+     "src/oblr/integrations/verl/actor.py", "        out = inner()\n        lr.after_step()\n",
+     "        lr.after_step()\n        out = inner()\n", ["tests/integrations/verl/test_verl_actor_step.py"]),
+    ("verl kl: the step's KL not all-reduced over ranks", "verl kl schedule (step KL, 2 ranks)",
+     "src/oblr/integrations/verl/actor.py", "(float(x) for x in _all_sum(sums, self.dp_group))",
+     "(float(x) for x in sums)", ["tests/integrations/verl/test_verl_actor_step.py"]),
     ("TRL core runs with checkpointing switched off", "TRL engine with checkpointing",
      "src/oblr/integrations/trl/trainer.py", "        if self.args.activation_checkpointing:\n            yield",
      "        if False:\n            yield", ["tests/integrations/test_trl_checkpointing.py"]),
@@ -131,7 +144,7 @@ M = [
      "grad_clip=o.grad_clip, prompts_per_step=cfg.rollout.prompts_per_step,", "grad_clip=o.grad_clip,",
      ["tests/train/test_training_variants.py"]),
     ("kl's default target scaled by N for SGD too", "kl default target (SGD)", "src/oblr/kl_rate.py",
-     "default_target(prompts_per_step, adaptive=not _is_sgd(optimizer))", "default_target(prompts_per_step)",
+     "default_target(prompts_per_step, adaptive=not is_sgd(optimizer))", "default_target(prompts_per_step)",
      ["tests/core/test_kl_rate.py", "tests/train/test_training_variants.py"]),
     # issue 39: the newest modules (engines, planner, memory model); each caught by its module's own tests
     ("a half model's factors left in their dtype by Outer.regroup (f32 casts dropped as no-ops)",
