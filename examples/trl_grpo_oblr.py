@@ -3,6 +3,7 @@
 One process (CPU)::
 
     python examples/trl_grpo_oblr.py --max-steps 100
+    python examples/trl_grpo_oblr.py --max-steps 100 --lr-schedule kl     # the lr from the KL per step
 
 Two processes (CPU, gloo; the generation batch is split by whole groups, S/V/lr are the same on both)::
 
@@ -30,7 +31,10 @@ def parse_args(argv=None):
     p.add_argument("--output-dir", default="runs/trl-grpo-oblr")
     p.add_argument("--baseline", default="oblr", help="oblr estimator name (oblr, rloo, grpo, dr_grpo, ...)")
     p.add_argument("--no-snr-lr", action="store_true", help="constant learning rate instead of the SNR rule")
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (eta_max of the SNR rule)")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (eta_max of the SNR rule; the guess of "
+                                                           "auto and kl)")
+    p.add_argument("--lr-schedule", choices=["snr", "snr_adam", "auto", "kl"], default="snr",
+                   help="the schedule oblr sets the lr with (oblr_lr_schedule; kl is oblr train's default)")
     p.add_argument("--max-steps", type=int, default=100)
     p.add_argument("--prompts-per-step", type=int, default=16, help="prompts per optimizer step, all processes")
     p.add_argument("--num-generations", type=int, default=8)
@@ -67,7 +71,8 @@ def main(argv=None) -> dict:
     args = OBLRGRPOConfig(
         output_dir=a.output_dir, per_device_train_batch_size=rows // world, num_generations=a.num_generations,
         max_completion_length=a.max_completion_length, temperature=a.temperature, learning_rate=a.lr,
-        oblr_baseline=a.baseline, oblr_snr_lr=not a.no_snr_lr, max_steps=a.max_steps, logging_steps=1,
+        oblr_baseline=a.baseline, oblr_snr_lr=not a.no_snr_lr, oblr_lr_schedule=a.lr_schedule,
+        max_steps=a.max_steps, logging_steps=1,
         save_strategy="no", report_to=[], seed=a.seed, bf16=a.bf16, use_cpu=cpu, disable_tqdm=True, adam_beta2=a.beta2,
         ddp_backend="gloo" if cpu and world > 1 else None,
         **(dict(use_vllm=True, vllm_mode=a.vllm) if a.vllm else {}))
