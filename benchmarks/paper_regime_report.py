@@ -16,7 +16,9 @@ the share of steps at lr 0 (``optim/lr``), and for the SNR rows the logged facto
 
 Verdicts: each tuning-free row (the SNR rule at every ``eta_max``, ``auto`` at every guess) and the OBLR-PO
 baseline against the best GRPO fixed rate of the same task and optimizer, by ``benchmarks/task_claims.py``'s
-test (difference of means against twice its standard error; "one seed" when either side has fewer than two).
+test (difference of means against twice its standard error; "one seed" when either side has fewer than two),
+on the final sampled accuracy and, separately, on the final greedy accuracy against the GRPO rate best by
+greedy accuracy.
 Across tasks (same optimizer, N and steps): the rate each task needed (its best GRPO fixed rate) and the
 ``eta_max`` each factor rule would have needed to apply it on average (best rate / the rule's mean factor), with
 the spread over tasks: what one ``eta_max`` for every task requires of a factor.
@@ -118,6 +120,7 @@ def point(records: list[dict]) -> dict:
     return {"final": [r["final"] for r in done], "seeds": [r["seed"] for r in done],
             "missing": [r["seed"] for r in records if not r["finished"]],
             "greedy": _mean([r["greedy"] for r in done]), "best_step": [r["best_step"] for r in done],
+            "greedy_final": [r["greedy"] for r in done if r["greedy"] is not None and math.isfinite(r["greedy"])],
             "steps": records[0]["steps"], "lr_mean": _mean([r["lr_mean"] for r in records]),
             "lr0_share": _mean([r["lr0_share"] for r in records]),
             "factor_mean": _mean([r["factor_mean"] for r in records]),
@@ -132,27 +135,37 @@ def _acc(p: dict) -> str:
     return text + f" ({len(xs)})" + (f"; unfinished seeds {sorted(p['missing'])}" if p["missing"] else "")
 
 
+def _greedy(p: dict) -> str:
+    """The finished seeds' final greedy accuracy, mean ± std (no count: the sampled column has it)."""
+    xs = [100 * x for x in p["greedy_final"]]
+    if not xs:
+        return "-"
+    return f"{statistics.fmean(xs):.1f}" + (f" ± {statistics.stdev(xs):.1f}" if len(xs) > 1 else "")
+
+
 def _num(x: float, fmt: str) -> str:
     return "-" if not math.isfinite(x) else format(x, fmt)
 
 
-def best_grpo(points: dict, panel: tuple) -> tuple[float, dict] | None:
-    """The GRPO fixed rate with the highest mean final accuracy in ``panel`` = (task, optimizer, N, steps)."""
-    cands = [(statistics.fmean(p["final"]), k[5]) for k, p in points.items()
-             if k[:4] == panel and k[4] == "grpo-const" and p["final"]]
+def best_grpo(points: dict, panel: tuple, key: str = "final") -> tuple[float, dict] | None:
+    """The GRPO fixed rate with the highest mean final accuracy in ``panel`` = (task, optimizer, N, steps):
+    sampled (``key="final"``) or greedy (``key="greedy_final"``)."""
+    cands = [(statistics.fmean(p[key]), k[5]) for k, p in points.items()
+             if k[:4] == panel and k[4] == "grpo-const" and p[key]]
     if not cands:
         return None
     _, lr = max(cands)
     return lr, points[(*panel, "grpo-const", lr)]
 
 
-def verdict_of(p: dict, best: dict) -> str:
-    if not p["final"]:
+def verdict_of(p: dict, best: dict, key: str = "final") -> str:
+    """``p`` against ``best`` on the final sampled (``key="final"``) or greedy (``"greedy_final"``) accuracy."""
+    if not p[key]:
         return "unfinished"
-    if len(p["final"]) < 2 or len(best["final"]) < 2:
-        diff = 100 * (statistics.fmean(p["final"]) - statistics.fmean(best["final"]))
+    if len(p[key]) < 2 or len(best[key]) < 2:
+        diff = 100 * (statistics.fmean(p[key]) - statistics.fmean(best[key]))
         return f"one seed ({diff:+.1f}; no verdict)"
-    return verdict({"final": p["final"]}, {"final": best["final"]})
+    return verdict({"final": p[key]}, {"final": best[key]})
 
 
 def tables(points: dict) -> str:
@@ -162,18 +175,22 @@ def tables(points: dict) -> str:
                       key=lambda k: (METHODS.index(k[4]) if k[4] in METHODS else 99, k[5]))
         any_p = points[keys[0]]
         best = best_grpo(points, panel)
+        best_g = best_grpo(points, panel, "greedy_final")
         seconds = [p["step_seconds"] for k, p in points.items() if k[:4] == panel and math.isfinite(p["step_seconds"])]
         out += [f"#### {panel[0]}, {panel[1]} (N = {panel[2]} x G = {any_p['g']}, {panel[3]} steps)", "",
                 "| method | rate | final sampled % | greedy % | best eval at step | mean lr | steps at lr 0 | "
-                "mean factor | vs best GRPO |", "|---|---|---|---|---|---|---|---|---|"]
+                "mean factor | vs best GRPO | greedy vs best GRPO greedy |", "|---|---|---|---|---|---|---|---|---|---|"]
         for k in keys:
             p = points[k]
             vs = "-" if best is None or k[4] == "grpo-const" and k[5] == best[0] else verdict_of(p, best[1])
-            out.append(f"| {k[4]} | {k[5]:g} | {_acc(p)} | {_num(100 * p['greedy'], '.1f')} | "
+            vs_g = "-" if best_g is None or k[4] == "grpo-const" and k[5] == best_g[0] \
+                else verdict_of(p, best_g[1], "greedy_final")
+            out.append(f"| {k[4]} | {k[5]:g} | {_acc(p)} | {_greedy(p)} | "
                        f"{', '.join(str(s) for s in p['best_step']) or '-'} | {_num(p['lr_mean'], '.3g')} | "
-                       f"{_num(100 * p['lr0_share'], '.0f')} % | {_num(p['factor_mean'], '.3f')} | {vs} |")
+                       f"{_num(100 * p['lr0_share'], '.0f')} % | {_num(p['factor_mean'], '.3f')} | {vs} | {vs_g} |")
         if best is not None:
-            out += ["", f"Best GRPO fixed rate: {best[0]:g} ({_acc(best[1])})."]
+            out += ["", f"Best GRPO fixed rate: {best[0]:g} ({_acc(best[1])})."
+                    + (f" By greedy accuracy: {best_g[0]:g} ({_greedy(best_g[1])} greedy)." if best_g else "")]
         if seconds:
             out += ["", f"Median seconds per training step over these runs: {statistics.median(seconds):.1f} "
                         "(the runs' own `time/step`; one thread each, the machine's load included)."]
@@ -265,7 +282,9 @@ def section(md: str, runs: list[Path], image: str) -> str:
         + " --out <dir> --results-doc docs/results.md` from the runs' config.yaml, metrics.jsonl and summary.json. "
         "'vs best GRPO': the row's final sampled accuracy against the best GRPO fixed rate of the same task and "
         "optimizer (beats / behind: the difference of means is more than twice its standard error over seeds; "
-        "with one seed no verdict is given). 'best eval at step': per seed, the evaluation step with the highest "
+        "with one seed no verdict is given). 'greedy vs best GRPO greedy': the same test on the final greedy "
+        "accuracy, against the GRPO rate with the best mean greedy accuracy (which need not be the rate best by "
+        "sampled accuracy). 'best eval at step': per seed, the evaluation step with the highest "
         "sampled accuracy (the last step: still improving). 'The eta_max each rule needed': per task, the best GRPO "
         "fixed rate divided by the rule's mean logged factor on its best row (the eta_max at which the factor would "
         "have applied the tuned rate on average, to first order: the factor itself moves with eta_max); one eta_max "

@@ -17,7 +17,8 @@ import paper_regime_report as prr  # noqa: E402
 
 
 def _run(root: Path, name: str, seed: int, *, baseline="grpo", schedule="constant", lr=0.1, ema=0.9, n=128,
-         final=None, lrs=(0.1, 0.1), evals=((0, 0.2), (50, 0.3)), optimizer="sgd", steps=50, task="arithmetic") -> Path:
+         final=None, lrs=(0.1, 0.1), evals=((0, 0.2), (50, 0.3)), optimizer="sgd", steps=50, task="arithmetic",
+         greedy=0.5) -> Path:
     d = root / name / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = {"task": {"name": task}, "optim": {"optimizer": optimizer, "lr": lr, "snr_ema": ema},
@@ -29,7 +30,7 @@ def _run(root: Path, name: str, seed: int, *, baseline="grpo", schedule="constan
     rows += [{"step": s, "eval/accuracy_sampled": a} for s, a in evals]
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     if final is not None:
-        (d / "summary.json").write_text(json.dumps({"eval_accuracy_final": final, "eval_accuracy_greedy_final": 0.5,
+        (d / "summary.json").write_text(json.dumps({"eval_accuracy_final": final, "eval_accuracy_greedy_final": greedy,
                                                     "eval_accuracy_initial": 0.2}))
     return d
 
@@ -63,7 +64,7 @@ def test_rows_statistics_and_verdicts_by_hand(tmp_path):
     md = prr.tables(points)
     assert "#### arithmetic, sgd (N = 128 x G = 8, 50 steps)" in md and "#### arithmetic, sgd (N = 16" in md
     assert "#### arithmetic, sgd (N = 128 x G = 8, 100 steps)" in md
-    assert "| oblr-snr-batch | 3 | 36.0 ± 1.0 (3) | 50.0 | 25, 25, 25 | 0.75 | 50 % | 0.250 | beats" in md
+    assert "| oblr-snr-batch | 3 | 36.0 ± 1.0 (3) | 50.0 ± 0.0 | 25, 25, 25 | 0.75 | 50 % | 0.250 | beats" in md
     assert "25.0 (1); unfinished seeds [1]" in md
     assert "| grpo-const | 1 | 21.0 ± 1.0 (3) |" in md and "behind (-11.0" in md
 
@@ -108,3 +109,24 @@ def test_needed_rates_by_hand(tmp_path):
     assert "oblr-snr-batch" not in md  # a rule on fewer than two tasks gets no row
     assert prr.needed_rates({k: v for k, v in points.items() if k[0] == "arithmetic"}) == ""
     assert prr._rate(158.7) == "159" and prr._rate(0.00068) == "0.00068"
+
+
+def test_greedy_verdict_is_against_the_grpo_rate_best_by_greedy_accuracy(tmp_path):
+    # by sampled accuracy GRPO's best rate is 1; by greedy it is 0.1, and the kl row is judged against each
+    for s, (f, g) in enumerate(((0.30, 0.50), (0.32, 0.52), (0.34, 0.54))):
+        _run(tmp_path, "grpo-0.1", s, lr=0.1, final=f, greedy=g)
+    for s, (f, g) in enumerate(((0.40, 0.40), (0.41, 0.42), (0.42, 0.44))):
+        _run(tmp_path, "grpo-1", s, lr=1.0, final=f, greedy=g)
+    for s, (f, g) in enumerate(((0.40, 0.60), (0.41, 0.61), (0.42, 0.62))):
+        _run(tmp_path, "kl-1", s, baseline="oblr", schedule="kl", lr=1.0, final=f, greedy=g)
+    points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
+    panel = ("arithmetic", "sgd", 128, 50)
+    assert prr.best_grpo(points, panel)[0] == 1.0 and prr.best_grpo(points, panel, "greedy_final")[0] == 0.1
+    kl = points[(*panel, "oblr-kl", 1.0)]
+    se = math.sqrt(statistics.variance([60, 61, 62]) / 3 + statistics.variance([50, 52, 54]) / 3)
+    assert prr.verdict_of(kl, prr.best_grpo(points, panel, "greedy_final")[1], "greedy_final") == \
+        f"beats (+{61 - 52:.1f} ± {se:.1f})"
+    md = prr.tables(points)
+    assert "| oblr-kl | 1 | 41.0 ± 1.0 (3) | 61.0 ± 1.0 |" in md and "| within noise (+0.0 ± 0.8) | beats (+9.0" in md
+    assert "| grpo-const | 0.1 | 32.0 ± 2.0 (3) | 52.0 ± 2.0 |" in md and "| behind (-9.0 ± 1.3) | - |" in md
+    assert "By greedy accuracy: 0.1 (52.0 ± 2.0 greedy)." in md
