@@ -32,8 +32,8 @@ def test_shards_with_global_totals_add_up_to_the_whole_batch(aggregation, baseli
         part = shard_rows(batch, row_slice(N, G, 2, r))
         res = accumulate_policy_gradient(model, part, rewards[prompt_slice(N, 2, r)], settings, totals=totals)
         gks.append(res.per_prompt_sq_norms)
-    for a, b in zip(_grads(model), expect):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-9)
+    for a, b in zip(_grads(model), expect):  # relative to each tensor's norm: an element near 0 is a difference of
+        assert float((a - b).norm()) <= 1e-6 * float(b.norm())  # float32 terms (1e-4 of itself on some CPUs)
     if snr:
         assert torch.allclose(torch.cat(gks), whole.per_prompt_sq_norms, rtol=1e-5)
     # without the global totals a shard is scaled as a batch of its own: another gradient

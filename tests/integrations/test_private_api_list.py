@@ -4,8 +4,9 @@ of oblr touches (a narrower rule: attributes reached from an imported framework 
 passed to getattr/hasattr/setattr).
 
 A private name is touched where an adapter reads, writes or calls ``x._name`` (or ``getattr(x, "_name")``),
-overrides a ``_name`` method or class attribute in a subclass of a framework class, or imports ``_name`` from
-a framework module. Not counted: oblr's own state on framework objects (``_oblr...``), ``self._x`` in oblr's
+overrides a ``_name`` method or class attribute in a subclass of a framework class (or in a ``...Mixin`` class,
+written to be mixed into one: its ``self`` is the framework object), or imports ``_name`` from a framework
+module. Not counted: oblr's own state on framework objects (``_oblr...``), ``self._x`` in oblr's
 own classes, names imported from oblr, and Python's dunder names (other dunders, such as Ray's
 ``__ray_actor_class__``, count).
 """
@@ -50,7 +51,7 @@ def touched(source: str, file: str) -> set[tuple[str, str]]:
 
     def visit(node, framework_class: bool):
         if isinstance(node, ast.ClassDef):
-            derived = any(root(b) in framework_names for b in node.bases)
+            derived = any(root(b) in framework_names for b in node.bases) or node.name.endswith("Mixin")
             for b in node.bases:
                 visit(b, framework_class)
             for stmt in node.body:

@@ -13,7 +13,9 @@ Whose code: oblr's -- the import guard and the two exported classes; TRL's -- ev
 - :mod:`.config` -- the config, its added fields and the refused settings (``RULES``);
 - :mod:`.trainer` -- the trainer: each generation batch goes through oblr's update core
   (:func:`oblr.update.accumulate_policy_gradient`, as in ``oblr train``); folded backward without DeepSpeed,
-  TRL's backward with it; the SNR lr.
+  TRL's backward with it;
+- :mod:`.lr` -- the trainer's learning-rate half: oblr's schedule as its ``lr_scheduler`` (``snr``,
+  ``snr_adam``, ``auto``, ``kl``), set before each optimizer step; the ``kl`` schedule's step KL after it.
 
 Needs ``pip install "oblr[trl]"`` (a pinned TRL); see docs/trl.md.
 """
