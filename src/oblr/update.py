@@ -65,7 +65,7 @@ from oblr.logprobs import (
     sequence_logprobs,
     token_entropy,
 )
-from oblr.losses import BatchTotals, policy_loss, sequence_kl, sequence_scale
+from oblr.losses import BatchTotals, k3_sum, policy_loss, sequence_kl, sequence_scale
 from oblr.params import grad_sq_norm, trainable_params  # noqa: F401 (re-exported: the core's API)
 from oblr.registry import Registry
 
@@ -291,8 +291,8 @@ def step_kl_sums(model, batch, old_logprobs: torch.Tensor, settings: UpdateSetti
     """``[sum_{i,t} m_it k3_it, sum_{i,t} m_it]`` (float64, shape [2]) of the step just taken, on these rows.
 
     ``k3_it = exp(d_it) - d_it - 1`` with ``d_it = new_it - old_it``: Schulman's estimator of
-    ``KL(pi_old || pi_new)`` from the tokens pi_old sampled (:func:`oblr.losses.sequence_kl` with the new
-    policy as the reference), ``old_logprobs`` the update's own [B, T] (``UpdateResult.old_logprobs``) and the
+    ``KL(pi_old || pi_new)`` from the tokens pi_old sampled (:func:`oblr.losses.k3_sum`: in float64 with
+    ``expm1``, so the tiny KL of a probe step far below a working rate is not float32 rounding noise), ``old_logprobs`` the update's own [B, T] (``UpdateResult.old_logprobs``) and the
     new ones from one forward pass of ``model`` without gradients, per micro-batch of ``settings``, scored
     under the sampling distribution as the update scores them. Their ratio is the per-token KL of the step
     (``policy/step_kl``); ranks add the two sums before dividing."""
@@ -305,8 +305,8 @@ def step_kl_sums(model, batch, old_logprobs: torch.Tensor, settings: UpdateSetti
             rows = slice(r0, min(B, r0 + rows_per_mb))
             new_lp = _scored_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows], rm[rows], settings,
                                       autocast)[1]
-            k3 = sequence_kl(old_logprobs[rows].to(new_lp.dtype), new_lp, rm[rows]).sum()
-            total += torch.stack([k3.double(), rm[rows].to(torch.float64).sum()])
+            k3 = k3_sum(old_logprobs[rows], new_lp, rm[rows])
+            total += torch.stack([k3, rm[rows].to(torch.float64).sum()])
     return total
 
 

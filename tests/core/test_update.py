@@ -361,6 +361,40 @@ def test_step_kl_is_the_k3_sum_of_the_old_policys_tokens_one_sequence_at_a_time(
     assert float(step_kl_sums(before, batch, res.old_logprobs, settings, G)[0]) == pytest.approx(0.0, abs=1e-6)
 
 
+def test_step_kl_of_a_tiny_step_is_measured_not_rounded_away(setup):
+    """A step whose KL is about 1e-10 nats per token (a probe far below a working rate, as the kl schedule takes
+    from a low guess): step_kl_sums against the one-sequence-at-a-time reference on the same weights in float64.
+    The float32 ``exp(d) - d - 1`` misses it (the regime: that formula is off by more than half here)."""
+    model, _, batch, rewards = setup
+    model = copy.deepcopy(model)
+    before = copy.deepcopy(model)
+    res, _ = _run(model, batch, rewards, baseline="grpo", need_snr=False)
+    with torch.no_grad():
+        for p in _params(model):
+            p -= 2e-5 * p.grad
+    settings = UpdateSettings(aggregation="seq_sum_const", max_len=MAX_LEN)
+    got = step_kl_sums(model, batch, res.old_logprobs, settings, G)
+    old64, new64 = copy.deepcopy(before).double(), copy.deepcopy(model).double()
+    kl = tokens = 0.0
+    for i in range(batch.input_ids.shape[0]):  # one sequence at a time, its padding stripped, all in float64
+        keep = batch.attention_mask[i].bool()
+        ids, on = batch.input_ids[i][keep][None], batch.response_mask[i][keep][1:].bool()
+        with torch.no_grad():
+            lps = [torch.log_softmax(m(input_ids=ids).logits[0, :-1].double(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+                   for m in (old64, new64)]
+        d = (lps[1] - lps[0])[on]
+        kl += float((torch.expm1(d) - d).sum())
+        tokens += float(on.sum())
+    assert float(got[1]) == tokens
+    assert 1e-12 < kl / tokens < 1e-8  # the regime: far below float32's resolution of exp(d) near 1
+    assert float(got[0]) == pytest.approx(kl, rel=0.05)
+    with torch.no_grad():  # the float32 formula on the same log-probs
+        new = torch.cat([token_logprobs(model, batch.input_ids[i:i + 1], batch.attention_mask[i:i + 1])
+                         for i in range(batch.input_ids.shape[0])])
+    naive = float(sequence_kl(res.old_logprobs.float(), new.float(), batch.response_mask).sum())
+    assert abs(naive - kl) > 0.5 * kl
+
+
 def test_k3_averaged_over_the_old_policys_tokens_is_the_exact_kl():
     """E_{y ~ p}[k3(y)] = KL(p || q), by enumeration of a 5-token vocabulary (sequence_kl with q as reference)."""
     p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05], dtype=torch.float64)
