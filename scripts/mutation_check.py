@@ -125,9 +125,9 @@ M = [
      "src/oblr/integrations/trl/lr.py", "inner.register_step_post_hook(lambda opt, args, kwargs: "
      "self._oblr_observe_step_kl())", "inner.register_step_pre_hook(lambda opt, args, kwargs: "
      "self._oblr_observe_step_kl())", ["tests/integrations/test_trl_schedule.py"]),
-    ("TRL kl: the step's KL not summed over processes", "TRL kl schedule (step KL, 2 processes)",
-     "src/oblr/integrations/trl/lr.py", "(float(x) for x in all_reduce_sum(sums))", "(float(x) for x in sums)",
-     ["tests/integrations/test_trl_distributed.py"]),
+    ("TRL kl: the step's KL of rank 0's rows only", "TRL kl schedule (step KL, 2 processes)",
+     "src/oblr/distributed/step.py", "kl, tokens = (float(x) for x in sums.sum(0))",
+     "kl, tokens = (float(x) for x in sums[0])", ["tests/integrations/test_trl_distributed.py"]),
     ("verl kl: the step's KL measured before verl's update", "verl kl schedule (step KL, lr)",
      "src/oblr/integrations/verl/actor.py", "        out = inner()\n        lr.after_step()\n",
      "        lr.after_step()\n        out = inner()\n", ["tests/integrations/verl/test_verl_actor_step.py"]),

@@ -24,11 +24,10 @@ import time
 
 import torch
 
-from oblr.distributed.collectives import all_reduce_sum
-from oblr.distributed.step import step_statistics
+from oblr.distributed.step import data_parallel_step_kl, step_statistics
 from oblr.schedules import SCHEDULES, make_lr_controller
 from oblr.snr import snr_statistics
-from oblr.update import step_kl_sums, trainable_params
+from oblr.update import trainable_params
 
 
 class _OBLRSchedule:
@@ -120,8 +119,8 @@ class LearningRateMixin:
     def _oblr_observe_step_kl(self) -> None:
         """Post-step hook of the inner optimizer (the ``kl`` schedule, no DeepSpeed): the per-token
         KL(pi_old || pi_new) the step just taken moved the policy by, on the step's own rows
-        (:func:`oblr.update.step_kl_sums`: one forward pass without gradients per micro-batch, the sums added over
-        processes, so every rank reads the same KL), fed to the controller, which sets the next step's lr from it
+        (:func:`oblr.distributed.step.data_parallel_step_kl`, ``oblr train``'s measurement: one forward pass without
+        gradients per micro-batch, the sums added over processes, so every rank reads the same KL), fed to the controller, which sets the next step's lr from it
         (:mod:`oblr.kl_rate`). Logged as ``oblr/step_kl`` with the controller's ``oblr/kl/*``, as ``oblr train``
         logs ``policy/step_kl`` and ``kl/*``."""
         if self._oblr_kl_round is None:
@@ -130,10 +129,8 @@ class LearningRateMixin:
         self._oblr_kl_round = None
         t0 = time.perf_counter()
         with self._oblr_core_model() as model:
-            sums = step_kl_sums(model, batch, old_logprobs, settings, self.num_generations,
-                                autocast=self.accelerator.autocast)
-        kl_sum, tokens = (float(x) for x in all_reduce_sum(sums))  # identity on one process
-        kl = kl_sum / tokens if tokens > 0 else 0.0
+            kl = data_parallel_step_kl(model, batch, old_logprobs, settings, self.num_generations,
+                                       autocast=self.accelerator.autocast)
         self._oblr_controller.observe_step_kl(kl)
         m = self._metrics["train"]
         m["oblr/step_kl"].append(kl)
