@@ -58,7 +58,21 @@ def method_of(cfg: dict) -> str:
     if sched in ("snr", "snr_adam"):  # snr_adam: oblr-snradam-...
         return f"{algo['baseline']}-{sched.replace('_', '')}-" + ("batch" if float(optim.get("snr_ema", 0.9)) == 0.0
                                                                   else "ema")
+    target = (algo.get("schedule_options") or {}).get("target")
+    if sched == "kl" and target is not None:  # a target other than the default: a row of its own
+        return f"{algo['baseline']}-kl-target{float(target):g}"
     return f"{algo['baseline']}-{sched}"
+
+
+def _order(method: str) -> int:
+    """Where a method's rows go in a table: METHODS' order; ``oblr-kl-target...`` rows after ``oblr-kl``."""
+    base = "oblr-kl" if method.startswith("oblr-kl-target") else method
+    return METHODS.index(base) if base in METHODS else len(METHODS)
+
+
+def is_tuning_free(method: str) -> bool:
+    """Rules that set their own rate (plotted dashed)."""
+    return method in TUNING_FREE or method.startswith("oblr-kl-target")
 
 
 def run_record(run: Path) -> dict:
@@ -172,7 +186,7 @@ def tables(points: dict) -> str:
     out = []
     for panel in sorted({k[:4] for k in points}):
         keys = sorted((k for k in points if k[:4] == panel),
-                      key=lambda k: (METHODS.index(k[4]) if k[4] in METHODS else 99, k[5]))
+                      key=lambda k: (_order(k[4]), k[4], k[5]))
         any_p = points[keys[0]]
         best = best_grpo(points, panel)
         best_g = best_grpo(points, panel, "greedy_final")
@@ -255,7 +269,7 @@ def plot(points: dict, path: Path) -> Path:
     panels = sorted({k[:4] for k in points})
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for ax, panel in zip(axes[0], panels):
-        for m in METHODS:
+        for m in sorted({k[4] for k in points if k[:4] == panel}, key=lambda m: (_order(m), m)):
             pts = sorted(((k[5], p) for k, p in points.items() if k[:5] == (*panel, m) and p["final"]),
                          key=lambda x: x[0])
             if not pts:
@@ -263,7 +277,7 @@ def plot(points: dict, path: Path) -> Path:
             xs = [lr for lr, _ in pts]
             ys = [100 * statistics.fmean(p["final"]) for _, p in pts]
             es = [100 * statistics.stdev(p["final"]) if len(p["final"]) > 1 else 0.0 for _, p in pts]
-            ax.errorbar(xs, ys, yerr=es, fmt="o--" if m in TUNING_FREE else "o-", capsize=3, label=m)
+            ax.errorbar(xs, ys, yerr=es, fmt="o--" if is_tuning_free(m) else "o-", capsize=3, label=m)
         ax.set_xscale("log")
         ax.set_xlabel("fixed rate / eta_max / auto's or kl's guess")
         ax.set_ylabel("final held-out accuracy, sampled (%)")

@@ -18,11 +18,12 @@ import paper_regime_report as prr  # noqa: E402
 
 def _run(root: Path, name: str, seed: int, *, baseline="grpo", schedule="constant", lr=0.1, ema=0.9, n=128,
          final=None, lrs=(0.1, 0.1), evals=((0, 0.2), (50, 0.3)), optimizer="sgd", steps=50, task="arithmetic",
-         greedy=0.5) -> Path:
+         greedy=0.5, options=None) -> Path:
     d = root / name / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = {"task": {"name": task}, "optim": {"optimizer": optimizer, "lr": lr, "snr_ema": ema},
-           "algorithm": {"baseline": baseline, "lr_schedule": schedule},
+           "algorithm": {"baseline": baseline, "lr_schedule": schedule, **({"schedule_options": options}
+                                                                            if options is not None else {})},
            "rollout": {"prompts_per_step": n, "group_size": 8}, "train": {"seed": seed, "steps": steps}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     rows = [{"step": i + 1, "optim/lr": x, "time/step": 2.0 + i, **({"snr/factor": x / lr} if schedule == "snr"
@@ -130,3 +131,18 @@ def test_greedy_verdict_is_against_the_grpo_rate_best_by_greedy_accuracy(tmp_pat
     assert "| oblr-kl | 1 | 41.0 ± 1.0 (3) | 61.0 ± 1.0 |" in md and "| within noise (+0.0 ± 0.8) | beats (+9.0" in md
     assert "| grpo-const | 0.1 | 32.0 ± 2.0 (3) | 52.0 ± 2.0 |" in md and "| behind (-9.0 ± 1.3) | - |" in md
     assert "By greedy accuracy: 0.1 (52.0 ± 2.0 greedy)." in md
+
+
+def test_a_kl_target_other_than_the_default_is_a_row_of_its_own_after_kl(tmp_path):
+    _run(tmp_path, "grpo", 0, lr=0.1, final=0.3)
+    _run(tmp_path, "kl", 0, baseline="oblr", schedule="kl", lr=1.0, final=0.31, options={})
+    _run(tmp_path, "kl-target", 0, baseline="oblr", schedule="kl", lr=1.0, final=0.33, options={"target": 0.0015})
+    _run(tmp_path, "snr", 0, baseline="oblr", schedule="snr", lr=1.0, final=0.2)
+    points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
+    methods = {k[4] for k in points}
+    assert methods == {"grpo-const", "oblr-kl", "oblr-kl-target0.0015", "oblr-snr-ema"}
+    md = prr.tables(points)
+    rows = [line.split(" | ")[0].lstrip("| ") for line in md.splitlines() if line.startswith("| ") and "---" not in line
+            and not line.startswith("| method")]
+    assert rows == ["grpo-const", "oblr-snr-ema", "oblr-kl", "oblr-kl-target0.0015"]
+    assert prr.is_tuning_free("oblr-kl-target0.0015") and not prr.is_tuning_free("grpo-const")
