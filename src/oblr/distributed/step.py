@@ -142,14 +142,17 @@ def data_parallel_clipped_gradient(model, batch, first: UpdateResult, settings: 
 
 
 def data_parallel_step_kl(model, batch, old_logprobs: torch.Tensor, settings: UpdateSettings,
-                          group_size: int, autocast=None) -> float:
+                          group_size: int, autocast=None, group=None, gather: bool = True) -> float:
     """The per-token KL(pi_old || pi_new) of the step just taken, over the global batch (``policy/step_kl``).
 
     Each rank sums k3 and its response tokens over its own rows (:func:`oblr.update.step_kl_sums`, one forward
-    pass without gradients); the [W, 2] sums are gathered and added in rank order, so every rank gets the same
-    number (a schedule that reads it sets bit-identical lrs). 0.0 when the batch has no response token. Also
-    the TRL adapter's measurement (``autocast``: its accelerator's)."""
-    sums = all_gather_cat(step_kl_sums(model, batch, old_logprobs, settings, group_size, autocast).reshape(1, 2))
+    pass without gradients); the [W, 2] sums are gathered over ``group`` (None: the default group) and added in
+    rank order, so every rank gets the same number (a schedule that reads it sets bit-identical lrs). 0.0 when
+    the batch has no response token. Also the TRL adapter's measurement (``autocast``: its accelerator's) and
+    verl's (``group``: the actor's data-parallel group; ``gather=False`` when it has none: this rank's rows)."""
+    sums = step_kl_sums(model, batch, old_logprobs, settings, group_size, autocast).reshape(1, 2)
+    if gather:
+        sums = all_gather_cat(sums, group)
     kl, tokens = (float(x) for x in sums.sum(0))
     return kl / tokens if tokens > 0 else 0.0
 

@@ -253,3 +253,46 @@ def test_a_checkpoint_of_another_schedule_or_world_size_is_refused(config, tmp_p
     (tmp_path / "oblr_lr_world_size_1_rank_0.pt").rename(tmp_path / "oblr_lr_world_size_2_rank_0.pt")
     with pytest.raises(ValueError, match="another world size .*same number of ranks"):
         load_lr_state(ActorLearningRate(opt, "snr", lr=1e-3), tmp_path)
+
+
+@pytest.mark.parametrize("schedule", ["snr", "kl"])
+def test_update_actor_adds_the_learning_rates_metrics_to_verls(config, monkeypatch, schedule):
+    """The worker's ``update_actor`` returns verl's update result (verl's own ``update_actor`` replaced by a
+    stand-in that runs two optimizer steps through verl's ``FSDPEngine.optimizer_step``, as two mini-batches
+    do) with ``oblr/*`` appended to its metrics: the last step's lr as set, S and V, and with ``kl`` that step's
+    KL as measured; each key once, and nothing left over for the next update."""
+    import torch
+    import verl_step_helpers as h
+    from verl.utils import tensordict_utils as tu
+
+    cfg = copy.deepcopy(config.actor_rollout_ref)
+    OmegaConf.update(cfg, "actor.optim.lr", 3e-3)
+    OmegaConf.update(cfg, "oblr", {"snr_ema": 0.0, "lr_schedule": schedule}, force_add=True)
+    model = h.initial_model()
+    engine = h.verl_engine(model, torch.optim.AdamW(model.parameters(), lr=1.0, weight_decay=0.0))
+    lr = recipe.install_learning_rate(cfg, engine)
+
+    def verls_update_actor(self, data):
+        lrs = _run_steps(engine, lr, model, range(2))
+        self.lrs = lrs
+        return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": {"actor/pg_loss": [0.5, 0.4]}})
+
+    monkeypatch.setattr(recipe.ActorRolloutRefWorker, "update_actor", verls_update_actor)
+    worker = object.__new__(recipe.OBLRActorRolloutRefWorker)
+    worker._oblr_lr = lr
+    metrics = tu.get(recipe.OBLRActorRolloutRefWorker.update_actor(worker, None), "metrics")
+    assert metrics["actor/pg_loss"] == [0.5, 0.4]
+    oblr = {k: v for k, v in metrics.items() if k.startswith("oblr/")}
+    assert all(len(v) == 1 for v in oblr.values())
+    assert oblr["oblr/S"] == [float(lr.last.S)] and oblr["oblr/V"] == [float(lr.last.V)]
+    assert oblr["oblr/n"] == [8]
+    if schedule == "kl":
+        assert oblr["oblr/step_kl"] == [lr.last_step_kl] and lr.last_step_kl > 0
+        assert oblr["oblr/kl/target"] == [lr.controller.target]
+        assert {"oblr/kl/stiffness", "oblr/kl/stiffness_avg", "oblr/kl/skipped"} <= set(oblr)
+        assert oblr["oblr/lr"] == [worker.lrs[1]]  # the lr the second step ran with (set by the first's KL)
+    else:
+        assert "oblr/step_kl" not in oblr
+        assert oblr["oblr/lr"] == [worker.lrs[1]]
+    assert lr.pop_metrics() == {}
+    assert recipe.with_oblr_metrics(None, lr) is None  # a rank that returns nothing

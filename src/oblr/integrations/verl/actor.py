@@ -23,9 +23,10 @@ estimator reads them instead of estimating again (:func:`~oblr.integrations.verl
 reduced gradient once (float64) and forms S, V with :func:`oblr.snr.snr_statistics`; it then steps an oblr
 schedule (:func:`oblr.schedules.make_lr_controller`: ``snr``, ``snr_adam``, ``auto`` or ``kl``), which sets
 every param group's lr. With ``kl`` it also measures, right after the optimizer step, the per-token
-KL(pi_old || pi_new) the step moved the policy by on the norm pass's rows (:func:`oblr.update.step_kl_sums`
-with the norm pass's own old log-probs: one forward pass without gradients per micro-batch, the sums
-all-reduced over ``dp_group``, so every rank sets the same next lr), as ``oblr train`` does.
+KL(pi_old || pi_new) the step moved the policy by on the norm pass's rows with ``oblr train``'s own function,
+:func:`oblr.distributed.step.data_parallel_step_kl` (the norm pass's own old log-probs: one forward pass without
+gradients per micro-batch, the sums gathered over ``dp_group`` and added in rank order, so every rank sets the
+same next lr).
 :func:`wrap_optimizer_step` installs both around a verl engine's ``optimizer_step`` (the lr before its gradient
 clipping, so S and V see the unclipped gradient; the KL after its update).
 :func:`wrap_checkpointing` puts the schedule's state (EMA averages, step count, the ``auto`` scale) into the
@@ -84,12 +85,10 @@ class StepKLRound:
 
     def measure(self) -> float:
         """The per-token KL(pi_old || pi_new) over every rank's rows, with the module's weights now."""
-        from oblr.update import step_kl_sums
+        from oblr.distributed.step import data_parallel_step_kl
 
-        sums = step_kl_sums(self.module, self.batch, self.old_logprobs, self.settings, self.group_size,
-                            autocast=self.autocast)
-        kl, tokens = (float(x) for x in _all_sum(sums, self.dp_group))
-        return kl / tokens if tokens > 0 else 0.0
+        return data_parallel_step_kl(self.module, self.batch, self.old_logprobs, self.settings, self.group_size,
+                                     autocast=self.autocast, group=self.dp_group, gather=self.dp_group is not None)
 
 
 def _rank_info(dp_group):
@@ -230,6 +229,13 @@ class ActorLearningRate:
         self.kl_round: StepKLRound | None = None
         self.last = None  # SNRStats of the last step
         self.last_step_kl: float | None = None
+        self.logged: dict = {}  # before_step's and after_step's metrics since pop_metrics
+
+    def pop_metrics(self) -> dict:
+        """The ``oblr/*`` metrics of the optimizer steps since the last call (the last step's values; the
+        recipe's worker adds them to verl's actor metrics), and forget them."""
+        out, self.logged = self.logged, {}
+        return out
 
     def state_dict(self) -> dict:
         """The schedule's name and state (what a resumed run needs to set the same lrs)."""
@@ -276,8 +282,10 @@ class ActorLearningRate:
         self.controller.step(st)
         self.last = st
         lr = self.controller.get_last_lr()[0]
-        return {"oblr/S": float(st.S), "oblr/V": float(st.V), "oblr/snr": float(st.snr),
-                "oblr/grad_norm": float(gbar_sq.double().sqrt()), "oblr/lr": lr, "oblr/n": n}
+        out = {"oblr/S": float(st.S), "oblr/V": float(st.V), "oblr/snr": float(st.snr),
+               "oblr/grad_norm": float(gbar_sq.double().sqrt()), "oblr/lr": lr, "oblr/n": n}
+        self.logged.update(out)
+        return out
 
     def after_step(self) -> dict | None:
         """``kl``: the KL the optimizer step just taken moved the policy by (:meth:`StepKLRound.measure`), fed to
@@ -289,8 +297,10 @@ class ActorLearningRate:
         kl = kl_round.measure()
         self.controller.observe_step_kl(kl)
         self.last_step_kl = kl
-        return {"oblr/step_kl": kl, **{f"oblr/{k}": float(v) for k, v in self.controller.metrics().items()
-                                       if k.startswith("kl/")}}
+        out = {"oblr/step_kl": kl, **{f"oblr/{k}": float(v) for k, v in self.controller.metrics().items()
+                                      if k.startswith("kl/")}}
+        self.logged.update(out)
+        return out
 
 
 def wrap_optimizer_step(engine, lr: ActorLearningRate) -> None:

@@ -14,7 +14,10 @@ overrides verl's private ``RayPPOTrainer._compute_old_log_prob`` and subclasses 
   ``actor.optim.lr``; with ``kl`` it measures the step's KL after the engine's update), and it has one more
   registered method, ``oblr_norm_pass`` (dispatched like ``compute_log_prob``: each data-parallel rank gets
   its contiguous block of rows), which runs :func:`~oblr.integrations.verl.actor.norm_pass` on the actor's
-  module and returns each row's advantage A_i (computed there, once per step);
+  module and returns each row's advantage A_i (computed there, once per step); its ``update_actor`` adds the
+  learning rate's metrics of the step (:func:`with_oblr_metrics`: ``oblr/S``, ``oblr/V``, ``oblr/snr``,
+  ``oblr/lr``, ``oblr/grad_norm``, ``oblr/n``, and with ``kl`` ``oblr/step_kl`` and ``oblr/kl/*``) to the
+  metrics verl returns, which verl logs as ``actor/oblr/*``;
 - :class:`OBLRRayPPOTrainer` (verl's legacy ``RayPPOTrainer``, ``trainer.use_v1=False``): its
   ``_compute_old_log_prob`` -- which ``fit`` calls after the rewards and before ``compute_advantage`` --
   also runs the norm pass and returns A_i as ``reward_baselines`` with the old log-probs, so ``fit`` puts it
@@ -160,6 +163,27 @@ class OBLRActorRolloutRefWorker(ActorRolloutRefWorker):
                             dp_group=engine.get_data_parallel_group())
         self._oblr_lr.set_pending(res.gk_sq_sum, res.n_prompts, res.step_kl)
         return DataProto.from_dict(tensors={ADVANTAGES_KEY: res.advantages.cpu()})
+
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def update_actor(self, data):
+        """verl's actor update, with the learning rate's ``oblr/*`` metrics of its optimizer steps added to the
+        metrics it returns (verl logs them as ``actor/oblr/*``)."""
+        return with_oblr_metrics(super().update_actor(data), getattr(self, "_oblr_lr", None))
+
+
+def with_oblr_metrics(output, lr: ActorLearningRate | None):
+    """``output`` (verl's update result: a TensorDict with a ``metrics`` dict of lists, or None on ranks that
+    return nothing) with ``lr``'s popped metrics appended, one value per key, as verl's own are."""
+    extra = lr.pop_metrics() if lr is not None else {}
+    if output is None or not extra:
+        return output
+    from verl.utils import tensordict_utils as tu
+
+    metrics = tu.get(output, "metrics")
+    for k, v in extra.items():
+        metrics.setdefault(k, []).append(v)
+    return output
 
 
 class OBLRRayPPOTrainer(RayPPOTrainer):
