@@ -12,7 +12,7 @@ import torch
 from conftest import tiny_qwen3
 from test_update import MAX_LEN, _batch
 
-from oblr.kl_rate import DEFAULT_TARGET, KLStepSchedule, average_log, default_target, next_lr, stiffness
+from oblr.kl_rate import DEFAULT_TARGET, SGD_TARGET, KLStepSchedule, average_log, default_target, next_lr, stiffness
 from oblr.schedules import make_lr_controller
 from oblr.update import UpdateSettings, accumulate_policy_gradient, step_kl_sums
 
@@ -115,15 +115,16 @@ def test_a_resumed_controller_sets_the_same_lrs():
 
 
 def test_the_default_target_scales_with_the_prompts_per_step_for_adamw_and_a_given_target_wins():
-    """AdamW: 3e-3 x N / 128 (Adam's square-root batch scaling in KL); SGD: 3e-3 at every N (its KL counts the
-    noise); 3e-3 where N is not known; an explicit target is used as given at any N. Checked through the lr the
-    rule sets from one measurement."""
-    assert default_target(128) == DEFAULT_TARGET == 3e-3 and default_target(None) == 3e-3
-    assert default_target(16) == pytest.approx(3.75e-4, rel=1e-15) and default_target(512) == pytest.approx(1.2e-2)
-    assert default_target(16, adaptive=False) == 3e-3
+    """AdamW: 1.5e-3 x N / 128 (Adam's square-root batch scaling in KL); SGD: 3e-3 at every N (its KL counts
+    the noise); 1.5e-3 with AdamW where N is not known; an explicit target is used as given at any N. Checked
+    through the lr the rule sets from one measurement."""
+    assert default_target(128) == DEFAULT_TARGET == 1.5e-3 and default_target(None) == 1.5e-3
+    assert default_target(16) == pytest.approx(1.875e-4, rel=1e-15) and default_target(512) == pytest.approx(6e-3)
+    assert default_target(16, adaptive=False) == SGD_TARGET == 3e-3 and default_target(None, adaptive=False) == 3e-3
     k = 5.0
-    cases = [("adamw", 16, {}, 3.75e-4), ("adamw", 128, {}, 3e-3), ("adamw", None, {}, 3e-3),
-             ("adamw", 16, {"target": 2e-3}, 2e-3), ("sgd", 16, {}, 3e-3), ("sgd", 16, {"target": 2e-4}, 2e-4)]
+    cases = [("adamw", 16, {}, 1.875e-4), ("adamw", 128, {}, 1.5e-3), ("adamw", None, {}, 1.5e-3),
+             ("adamw", 16, {"target": 2e-3}, 2e-3), ("sgd", 16, {}, 3e-3), ("sgd", 128, {}, 3e-3),
+             ("sgd", 16, {"target": 2e-4}, 2e-4)]
     for opt_name, n, kw, target in cases:
         p = torch.nn.Parameter(torch.zeros(2))
         opt = torch.optim.AdamW([p], lr=1.0) if opt_name == "adamw" else torch.optim.SGD([p], lr=1.0)

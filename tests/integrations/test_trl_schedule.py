@@ -108,7 +108,7 @@ def test_kl_schedule_in_trl_measures_each_steps_kl_and_sets_the_next_lr_from_it(
     trainer.train()
     ctrl = trainer.lr_scheduler.controller
     n = ROWS * GA // G  # the generation batch's prompts: the N of the default target
-    assert isinstance(ctrl, KLStepSchedule) and ctrl.target == pytest.approx(3e-3 * n / 128)
+    assert isinstance(ctrl, KLStepSchedule) and ctrl.target == pytest.approx(1.5e-3 * n / 128)
     rows = [r for r in trainer.state.log_history if "oblr/lr" in r]
     assert len(rows) == steps and all("oblr/step_kl" in r for r in rows)
     assert not any("oblr/S" in r for r in rows)  # kl reads no S and V: they are not computed

@@ -117,11 +117,11 @@ def test_kl_schedule_sets_each_lr_from_the_kl_the_trainer_measured_after_the_pre
 def test_kl_schedule_default_target_is_scaled_by_the_runs_prompts_per_step_with_adamw(small_builtin, tmp_path,
                                                                                       optimizer):
     """No ``target`` given: the trainer passes rollout.prompts_per_step (4 here), so with AdamW the rule aims at
-    3e-3 x 4 / 128 (the N = 128 default would set an lr sqrt(32) = 5.7x larger), with SGD at 3e-3; the second lr
-    is sqrt(target / k_1) from the logged KL."""
+    1.5e-3 x 4 / 128 (the N = 128 default would set an lr sqrt(32) = 5.7x larger), with SGD at 3e-3; the second
+    lr is sqrt(target / k_1) from the logged KL."""
     rows = _train(small_builtin, tmp_path / "run", *KL_RULE[1:4], f"optim.optimizer={optimizer}",
                   "algorithm.schedule_options={kl_ema: 0}", steps=2)
-    target = 3e-3 * 4 / 128 if optimizer == "adamw" else 3e-3
+    target = 1.5e-3 * 4 / 128 if optimizer == "adamw" else 3e-3
     assert [r["kl/target"] for r in rows] == [target, target]
     lr, kl = rows[0]["optim/lr"], rows[0]["policy/step_kl"]
     assert rows[1]["optim/lr"] == pytest.approx(math.sqrt(target * lr**2 / kl), rel=1e-9)
