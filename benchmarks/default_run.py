@@ -22,7 +22,8 @@ the new figure and the verdicts:
 
 Exit status 0 when both hold, 1 otherwise, 2 when the claim was measured with another default schedule
 (``claim.json``'s ``lr_schedule``; a claim without it was measured with ``snr``, the default before ``kl``).
-The claim of the ``snr`` default (commit e1f55c9) is kept in ``benchmarks/results/default-run-snr/``.
+The claim of the ``snr`` default (commit e1f55c9) is kept in ``benchmarks/results/default-run-snr/``, that of the
+``kl`` default with its first AdamW target (3.75e-4 at N = 16, commit 959ed72) in ``default-run-kl-3.75e-4/``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ summary is listed as unfinished) and groups runs into panels by task, optimizer,
 length are another budget: never pooled) and into rows by method and rate: ``grpo-const``,
 ``rloo-const``, ``oblr-const`` (a fixed rate), ``oblr-snr-batch`` / ``oblr-snr-ema`` (the SNR rule with the
 current batch's S and V, ``optim.snr_ema=0``, or the EMA; the rate is ``eta_max``), ``oblr-auto`` and
-``oblr-kl`` (the rate is the initial guess). Per row: finished seeds, final held-out accuracy (sampled and greedy, mean ± std over
+``oblr-kl-target<t>`` (the ``kl`` schedule at the target it logged; the rate is the initial guess). Per row: finished seeds, final held-out accuracy (sampled and greedy, mean ± std over
 seeds), the step of the best evaluation (has the run stopped improving?), the applied learning rate's mean and
 the share of steps at lr 0 (``optim/lr``), and for the SNR rows the logged factor ``snr/factor``.
 
@@ -49,8 +49,10 @@ METHODS = ("grpo-const", "rloo-const", "oblr-const", "oblr-snr-batch", "oblr-snr
 TUNING_FREE = ("oblr-snr-batch", "oblr-snr-ema", "oblr-snradam-batch", "oblr-snradam-ema", "oblr-auto", "oblr-kl")
 
 
-def method_of(cfg: dict) -> str:
-    """The row's method name from a run's resolved config."""
+def method_of(cfg: dict, logged_target: float | None = None) -> str:
+    """The row's method name from a run's resolved config; a ``kl`` row is named by its target
+    (``oblr-kl-target<t>``: the one it logged as ``kl/target``, else the config's option), since the default
+    target has changed between commits (3e-3 x N / 128 with AdamW until f74695e, 1.5e-3 x N / 128 since)."""
     algo, optim = cfg["algorithm"], cfg["optim"]
     sched = algo["lr_schedule"]
     if sched == "constant":
@@ -58,8 +60,8 @@ def method_of(cfg: dict) -> str:
     if sched in ("snr", "snr_adam"):  # snr_adam: oblr-snradam-...
         return f"{algo['baseline']}-{sched.replace('_', '')}-" + ("batch" if float(optim.get("snr_ema", 0.9)) == 0.0
                                                                   else "ema")
-    target = (algo.get("schedule_options") or {}).get("target")
-    if sched == "kl" and target is not None:  # a target other than the default: a row of its own
+    target = logged_target if logged_target is not None else (algo.get("schedule_options") or {}).get("target")
+    if sched == "kl" and target is not None:
         return f"{algo['baseline']}-kl-target{float(target):g}"
     return f"{algo['baseline']}-{sched}"
 
@@ -90,7 +92,8 @@ def run_record(run: Path) -> dict:
     summary = run / "summary.json"
     s = json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else None
     best_step = max(evals, key=lambda e: (e[1], -e[0]))[0] if evals else None
-    return {"task": cfg["task"]["name"], "optimizer": cfg["optim"]["optimizer"], "method": method_of(cfg),
+    target = next((r["kl/target"] for r in train if "kl/target" in r), None)
+    return {"task": cfg["task"]["name"], "optimizer": cfg["optim"]["optimizer"], "method": method_of(cfg, target),
             "lr": float(cfg["optim"]["lr"]), "n": int(cfg["rollout"]["prompts_per_step"]),
             "g": int(cfg["rollout"]["group_size"]), "seed": cfg["train"]["seed"], "steps": int(cfg["train"]["steps"]),
             "finished": s is not None, "steps_done": len(train),

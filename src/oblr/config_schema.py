@@ -80,7 +80,7 @@ SCHEDULE_RESERVED = {"optimizer": "oblr passes the optimizer", "lr": "set optim.
 @dataclass
 class AlgorithmConfig:
     baseline: str = opt("oblr", "baseline/advantage estimator", choices="oblr.estimators:ESTIMATORS")
-    lr_schedule: str = opt("kl", "learning-rate schedule (kl, the default = oblr's own rule, not the paper's: the lr that moves the policy by schedule_options.target nats per token each step, 3e-3 x rollout.prompts_per_step / 128 with AdamW, 3e-3 with SGD, optim.lr only a guess; snr = the paper's SNR rule, optim.lr its eta_max; snr_adam = its factor with the noise counted after Adam's momentum, AdamW only; auto = measured step scale, optim.lr its initial guess, measured to work with AdamW, not SGD; constant, cosine: docs/algorithm.md)", choices="oblr.schedules:SCHEDULES")
+    lr_schedule: str = opt("kl", "learning-rate schedule (kl, the default = oblr's own rule, not the paper's: the lr that moves the policy by schedule_options.target nats per token each step, 1.5e-3 x rollout.prompts_per_step / 128 with AdamW, 3e-3 with SGD, optim.lr only a guess; snr = the paper's SNR rule, optim.lr its eta_max; snr_adam = its factor with the noise counted after Adam's momentum, AdamW only; auto = measured step scale, optim.lr its initial guess, measured to work with AdamW, not SGD; constant, cosine: docs/algorithm.md)", choices="oblr.schedules:SCHEDULES")
     aggregation: str = opt("seq_sum_const", "loss aggregation (seq_sum_const is the unbiased one)",
                            choices="oblr.losses:AGGREGATIONS")
     max_len: int = opt(0, "the constant of seq_sum_const (0 = rollout.max_new_tokens)", range=COUNT0)

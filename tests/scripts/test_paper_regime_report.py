@@ -18,7 +18,7 @@ import paper_regime_report as prr  # noqa: E402
 
 def _run(root: Path, name: str, seed: int, *, baseline="grpo", schedule="constant", lr=0.1, ema=0.9, n=128,
          final=None, lrs=(0.1, 0.1), evals=((0, 0.2), (50, 0.3)), optimizer="sgd", steps=50, task="arithmetic",
-         greedy=0.5, options=None) -> Path:
+         greedy=0.5, options=None, logged=None) -> Path:
     d = root / name / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = {"task": {"name": task}, "optim": {"optimizer": optimizer, "lr": lr, "snr_ema": ema},
@@ -27,7 +27,8 @@ def _run(root: Path, name: str, seed: int, *, baseline="grpo", schedule="constan
            "rollout": {"prompts_per_step": n, "group_size": 8}, "train": {"seed": seed, "steps": steps}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     rows = [{"step": i + 1, "optim/lr": x, "time/step": 2.0 + i, **({"snr/factor": x / lr} if schedule == "snr"
-                                                                     else {})} for i, x in enumerate(lrs)]
+                                                                     else {}), **(logged or {})}
+            for i, x in enumerate(lrs)]
     rows += [{"step": s, "eval/accuracy_sampled": a} for s, a in evals]
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     if final is not None:
@@ -133,16 +134,24 @@ def test_greedy_verdict_is_against_the_grpo_rate_best_by_greedy_accuracy(tmp_pat
     assert "By greedy accuracy: 0.1 (52.0 ± 2.0 greedy)." in md
 
 
-def test_a_kl_target_other_than_the_default_is_a_row_of_its_own_after_kl(tmp_path):
+def test_a_kl_row_is_named_by_its_target_as_logged_else_as_configured(tmp_path):
+    """The default target changed between commits, so a kl run is named by the target it logged (a run without
+    a logged target by its config's option, or plain oblr-kl without one); rows sort after the other methods."""
     _run(tmp_path, "grpo", 0, lr=0.1, final=0.3)
-    _run(tmp_path, "kl", 0, baseline="oblr", schedule="kl", lr=1.0, final=0.31, options={})
-    _run(tmp_path, "kl-target", 0, baseline="oblr", schedule="kl", lr=1.0, final=0.33, options={"target": 0.0015})
+    _run(tmp_path, "kl-old-default", 0, baseline="oblr", schedule="kl", lr=1.0, final=0.31, options={},
+         logged={"kl/target": 0.003})
+    _run(tmp_path, "kl-target", 0, baseline="oblr", schedule="kl", lr=1.0, final=0.33, options={"target": 0.0015},
+         logged={"kl/target": 0.0015})
+    _run(tmp_path, "kl-not-logged", 0, baseline="oblr", schedule="kl", lr=3.0, final=0.32, options={"target": 0.0015})
+    _run(tmp_path, "kl-nothing", 0, baseline="oblr", schedule="kl", lr=10.0, final=0.2, options={})
     _run(tmp_path, "snr", 0, baseline="oblr", schedule="snr", lr=1.0, final=0.2)
     points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
-    methods = {k[4] for k in points}
-    assert methods == {"grpo-const", "oblr-kl", "oblr-kl-target0.0015", "oblr-snr-ema"}
+    assert {(k[4], k[5]) for k in points} == {("grpo-const", 0.1), ("oblr-kl-target0.003", 1.0),
+                                              ("oblr-kl-target0.0015", 1.0), ("oblr-kl-target0.0015", 3.0),
+                                              ("oblr-kl", 10.0), ("oblr-snr-ema", 1.0)}
     md = prr.tables(points)
     rows = [line.split(" | ")[0].lstrip("| ") for line in md.splitlines() if line.startswith("| ") and "---" not in line
             and not line.startswith("| method")]
-    assert rows == ["grpo-const", "oblr-snr-ema", "oblr-kl", "oblr-kl-target0.0015"]
+    assert rows == ["grpo-const", "oblr-snr-ema", "oblr-kl", "oblr-kl-target0.0015", "oblr-kl-target0.0015",
+                    "oblr-kl-target0.003"]
     assert prr.is_tuning_free("oblr-kl-target0.0015") and not prr.is_tuning_free("grpo-const")
