@@ -260,9 +260,10 @@ def rel(a, b) -> float:
     return float(num / den)
 
 
-def pair(schedule: str):
-    """Two copies of the initial model, each with an AdamW (verl's default optimizer) and oblr's schedule:
-    (native model, optimizer, controller), (verl model, engine, ActorLearningRate)."""
+def pair(schedule: str, **options):
+    """Two copies of the initial model, each with an AdamW (verl's default optimizer) and oblr's schedule
+    (``options``: the schedule's own, given to both): (native model, optimizer, controller), (verl model,
+    engine, ActorLearningRate)."""
     from oblr.integrations.verl.actor import ActorLearningRate, wrap_optimizer_step
     from oblr.schedules import make_lr_controller
 
@@ -270,8 +271,8 @@ def pair(schedule: str):
     m2 = copy.deepcopy(m1)
     o1 = torch.optim.AdamW(m1.parameters(), lr=LR, weight_decay=0.0)
     o2 = torch.optim.AdamW(m2.parameters(), lr=LR, weight_decay=0.0)
-    c1 = make_lr_controller(schedule, o1, lr=LR, grad_clip=CLIP, prompts_per_step=N)  # as oblr train passes N
-    c2 = ActorLearningRate(o2, schedule, lr=LR, grad_clip=CLIP)
+    c1 = make_lr_controller(schedule, o1, lr=LR, grad_clip=CLIP, prompts_per_step=N, **options)  # oblr train passes N
+    c2 = ActorLearningRate(o2, schedule, lr=LR, grad_clip=CLIP, **options)
     engine = verl_engine(m2, o2)
     wrap_optimizer_step(engine, c2)  # what the recipe's worker does to the actor's engine
     return (m1, o1, c1), (m2, engine, c2)

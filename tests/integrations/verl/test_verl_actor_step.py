@@ -42,9 +42,16 @@ def assert_stats_close(got: dict, ref: dict) -> None:
     assert abs(got["lr"] - ref["lr"]) <= TOL * h.LR, ("lr", got["lr"], ref["lr"])
 
 
+#: kl's target in the step-equality test: the step's KL is compared at TOL, which needs a step large against
+#: float32's rounding of the weights on the two paths (1e-7 of them); with the default 1.5e-3 x N / 128 the second
+#: step moves the policy by 2.5e-5 nats per token and the two paths' KLs differ by 1.1e-5 of it, at 3e-3 x N / 128
+#: by less than TOL. The default target's N is checked on its own below.
+KL_TARGET = 3e-3 * h.N / 128
+
+
 @pytest.mark.parametrize("schedule", ["snr", "snr_adam", "auto", "kl"])
 def test_verl_step_equals_oblrs_native_step(schedule):
-    (m1, o1, c1), (m2, eng, lr2) = h.pair(schedule)
+    (m1, o1, c1), (m2, eng, lr2) = h.pair(schedule, **({"target": KL_TARGET} if schedule == "kl" else {}))
     for step in range(2):
         ro = h.sample_rollouts(m1, seed=10 + step)
         assert ro.rewards.std(-1).min() > 0 and len(set(ro.response_mask.sum(-1).tolist())) > 1
@@ -63,8 +70,7 @@ def test_verl_step_equals_oblrs_native_step(schedule):
             assert ver["lr"] == pytest.approx(nat["lr"], rel=TOL)
             assert nat["step_kl"] > 0 and ver["step_kl"] == pytest.approx(nat["step_kl"], rel=TOL)
             assert lr2.controller.lr == pytest.approx(c1.lr, rel=TOL)  # the next step's lr
-            # the default target's N: oblr train's rollout.prompts_per_step, the norm pass's prompt count in verl
-            assert lr2.controller.target == c1.target == pytest.approx(1.5e-3 * h.N / 128)
+            assert lr2.controller.target == c1.target == KL_TARGET
         else:
             assert_stats_close(ver, nat)
         if schedule == "auto" and step == 1:
@@ -162,6 +168,17 @@ def test_two_gloo_ranks_with_whole_groups_equal_the_one_process_step(tmp_path):
         assert_stats_close(out, nat)
         for k in ("S", "V", "lr"):
             assert out[k] == ranks[0][k]  # identical on every rank
+
+
+def test_the_kl_default_targets_n_is_the_norm_pass_prompt_count():
+    """No target given: verl's kl takes the default target of the norm pass's prompts (oblr train's
+    rollout.prompts_per_step), 1.5e-3 x N / 128 with AdamW, 3e-3 with SGD, set when the norm pass's sums arrive."""
+    from oblr.kl_rate import default_target
+
+    for opt, want in ((torch.optim.AdamW, 1.5e-3 * 12 / 128), (torch.optim.SGD, 3e-3)):
+        lr = ActorLearningRate(opt(h.initial_model().parameters(), lr=h.LR), "kl", lr=h.LR)
+        lr.set_pending(1.0, 12, step_kl=object())  # the rows are only kept here, measured after a step
+        assert lr.controller.target == pytest.approx(want, rel=1e-15) == default_target(12, opt is torch.optim.AdamW)
 
 
 def test_two_gloo_ranks_measure_the_kl_schedules_step_kl_over_the_global_batch(tmp_path):
