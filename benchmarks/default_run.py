@@ -20,8 +20,10 @@ the new figure and the verdicts:
 - final sampled accuracy: within seed noise when ``|new - mean| <= 2 s sqrt(1 + 1/n)`` (the spread of one new
   seed around the mean of n measured seeds with sample std s); for a measured seed it should be identical.
 
-Exit status 0 when both hold, 1 otherwise, 2 when the claim was measured with another default schedule
-(``claim.json``'s ``lr_schedule``; a claim without it was measured with ``snr``, the default before ``kl``).
+Exit status 0 when both hold, 1 otherwise, 2 (before anything runs) when the claim was measured with another
+default schedule (``claim.json``'s ``lr_schedule``; a claim without it was measured with ``snr``, the default
+before ``kl``) or, for ``kl``, at another target than the default resolves to now (``claim.json``'s
+``kl_target``, the ``kl/target`` every seed logged; a ``kl`` claim without it is checked with a note).
 The claim of the ``snr`` default (commit e1f55c9) is kept in ``benchmarks/results/default-run-snr/``, that of the
 ``kl`` default with its first AdamW target (3.75e-4 at N = 16, commit 959ed72) in ``default-run-kl-3.75e-4/``.
 """
@@ -60,7 +62,7 @@ def run_one(seed: int, out_dir: Path, log) -> dict:
     log(f"seed {seed}: {summary['eval_accuracy_initial']:.1%} -> {summary['eval_accuracy_final']:.1%} sampled, "
         f"greedy {summary['eval_accuracy_greedy_initial']:.1%} -> {summary['eval_accuracy_greedy_final']:.1%} "
         f"({time.time() - t0:.0f} s)")
-    return {k: summary[k] for k in KEYS}
+    return {**{k: summary[k] for k in KEYS}, "kl_target": logged_kl_target(out_dir)}
 
 
 def keep(run: Path, dst: Path) -> None:
@@ -80,13 +82,25 @@ def spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def claim_from_runs(per_seed: dict[int, dict], model_sha: str, commit: str, schedule: str | None = None) -> dict:
+def logged_kl_target(run: Path) -> float | None:
+    """The ``kl/target`` a run logged (its first metrics row that has it), None when it logged none."""
+    with open(run / "metrics.jsonl", encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if "kl/target" in row:
+                return float(row["kl/target"])
+    return None
+
+
+def claim_from_runs(per_seed: dict[int, dict], model_sha: str, commit: str, schedule: str | None = None,
+                    kl_target: float | None = None) -> dict:
     finals = [r["eval_accuracy_final"] for r in per_seed.values()]
     greedy = [r["eval_accuracy_greedy_final"] for r in per_seed.values()]
     m, s = spread(finals)
     gm, gs = spread(greedy)
     return {"command": "oblr train train.threads=1 train.seed=K", "model_weights_sha256": model_sha,
-            "commit": commit, "lr_schedule": schedule, "seeds": {str(k): v for k, v in sorted(per_seed.items())},
+            "commit": commit, "lr_schedule": schedule, "kl_target": kl_target,
+            "seeds": {str(k): v for k, v in sorted(per_seed.items())},
             "final_sampled_mean": m, "final_sampled_std": s, "final_greedy_mean": gm, "final_greedy_std": gs}
 
 
@@ -142,6 +156,34 @@ def _default_schedule() -> str:
     return load_config().algorithm.lr_schedule
 
 
+def _default_kl_target() -> float | None:
+    """The target the default run's ``kl`` schedule resolves to (its ``schedule_options.target``, else
+    :func:`oblr.kl_rate.default_target` of its N and optimizer); None when the default schedule is not ``kl``."""
+    from oblr.config import load_config
+    from oblr.kl_rate import default_target
+
+    cfg = load_config()
+    if cfg.algorithm.lr_schedule != "kl":
+        return None
+    given = (cfg.algorithm.schedule_options or {}).get("target")
+    if given is not None:
+        return float(given)
+    return default_target(cfg.rollout.prompts_per_step, adaptive=str(cfg.optim.optimizer).lower() != "sgd")
+
+
+def check_settings(claim: dict) -> str | None:
+    """Why ``claim`` cannot be checked against today's default (another schedule or ``kl`` target), else None."""
+    schedule = claim.get("lr_schedule", "snr")  # claims before the field: the snr default
+    if schedule != _default_schedule():
+        return (f"was measured with the default schedule {schedule!r}; the default is now "
+                f"{_default_schedule()!r}: measure a new claim (measure --seeds 0 1 2)")
+    want, had = _default_kl_target(), claim.get("kl_target")
+    if want is not None and had is not None and not math.isclose(had, want, rel_tol=1e-9):
+        return (f"was measured at the kl target {had:g}; the default resolves to {want:g} now: measure a new claim "
+                f"(measure --seeds 0 1 2)")
+    return None
+
+
 def _model_sha() -> str:
     from oblr.models import BUILTIN_DIRNAME
     from oblr.models.shipped import entry
@@ -171,20 +213,29 @@ def main(argv=None) -> int:
             per_seed = {k: f.result() for k, f in futs.items()}
             for k in args.seeds:  # keep the configuration and result of each run
                 keep(Path(tmp) / f"seed{k}", args.out / f"seed{k}")
-        claim = claim_from_runs(per_seed, _model_sha(), _commit(), _default_schedule())
+        targets = {r.pop("kl_target") for r in per_seed.values()}
+        if len(targets) != 1 or targets != {_default_kl_target()}:
+            raise RuntimeError(f"the seeds logged the kl targets {sorted(map(str, targets))}, the default resolves to "
+                               f"{_default_kl_target()}: not one claim")
+        claim = claim_from_runs(per_seed, _model_sha(), _commit(), _default_schedule(), targets.pop())
         (args.out / "claim.json").write_text(json.dumps(claim, indent=2) + "\n")
         (args.out / "claim.md").write_text(f"`{claim['command']}` (commit {claim['commit']}, default schedule "
-                                           f"{claim['lr_schedule']}, built-in model "
+                                           f"{claim['lr_schedule']}"
+                                           + (f" at target {claim['kl_target']:g}" if claim["kl_target"] else "")
+                                           + ", built-in model "
                                            f"sha256 {claim['model_weights_sha256'][:16]}...)\n\n"
                                            + claim_table(claim) + "\n")
         print(claim_table(claim))
         return 0
 
     claim = json.loads(args.claim.read_text())
-    if claim.get("lr_schedule", "snr") != _default_schedule():  # claims before the field: the snr default
-        log(f"the claim {args.claim} was measured with the default schedule {claim.get('lr_schedule', 'snr')!r}; "
-            f"the default is now {_default_schedule()!r}: measure a new claim (measure --seeds 0 1 2)")
+    why = check_settings(claim)
+    if why is not None:
+        log(f"the claim {args.claim} {why}")
         return 2
+    if claim.get("lr_schedule") == "kl" and claim.get("kl_target") is None:
+        log(f"note: the claim {args.claim} does not record its kl target (measured before the field); the default "
+            f"resolves to {_default_kl_target():g} now")
     if claim["model_weights_sha256"] != _model_sha():
         log(f"note: the claim was measured from built-in weights {claim['model_weights_sha256'][:16]}..., this "
             f"install ships {_model_sha()[:16]}...: start accuracies will differ")
@@ -194,6 +245,8 @@ def main(argv=None) -> int:
     else:
         with tempfile.TemporaryDirectory() as tmp:
             new = run_one(args.seed, Path(tmp) / "run", log)
+    if claim.get("kl_target") is not None and new["kl_target"] != claim["kl_target"]:
+        log(f"note: this run logged the kl target {new['kl_target']}, the claim {claim['kl_target']}")
     ok, lines = verdict(claim, args.seed, new)
     print("\n".join(lines))
     return 0 if ok else 1

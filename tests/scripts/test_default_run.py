@@ -58,3 +58,28 @@ def test_check_refuses_a_claim_of_another_default_schedule(tmp_path, capsys):
     del claim["lr_schedule"]  # a claim from before the field: the snr default
     path.write_text(json.dumps(claim))
     assert dr.main(["check", "--claim", str(path)]) == 2
+
+
+def test_check_refuses_a_claim_of_another_kl_target_before_running(tmp_path, capsys):
+    want = dr._default_kl_target()
+    assert want == 1.5e-3 * 16 / 128  # the default run: kl, AdamW, N = 16
+    claim = dr.claim_from_runs({0: _res(0.17, 0.36)}, "ab" * 32, "c0ffee", "kl", 3.75e-4)  # the first target
+    path = tmp_path / "claim.json"
+    path.write_text(json.dumps(claim))
+    assert dr.main(["check", "--claim", str(path)]) == 2
+    assert "measured at the kl target 0.000375; the default resolves to 0.0001875 now" in capsys.readouterr().err
+    assert dr.check_settings({**claim, "kl_target": want}) is None
+    assert dr.check_settings({**claim, "kl_target": None}) is None  # a claim from before the field: checked, noted
+
+
+def test_the_committed_claim_matches_todays_default():
+    claim = json.loads((dr.DEFAULT_OUT / "claim.json").read_text())
+    assert dr.check_settings(claim) is None and claim["kl_target"] == dr._default_kl_target()
+
+
+def test_logged_kl_target_reads_the_first_row_that_has_it(tmp_path):
+    rows = [{"step": 0, "eval/accuracy_sampled": 0.2}, {"step": 1, "kl/target": 1.875e-4}, {"step": 2, "kl/target": 9}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert dr.logged_kl_target(tmp_path) == 1.875e-4
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert dr.logged_kl_target(tmp_path) is None
