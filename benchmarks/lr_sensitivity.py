@@ -58,6 +58,7 @@ import yaml
 from oblr.experiments.compare import aggregate
 from oblr.experiments.stats import config_value, run_config
 from oblr.train.run_dir import flatten
+from oblr.train.summary import is_finished
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import doc_sections  # noqa: E402  (the marked sections of docs/results.md)
@@ -161,7 +162,7 @@ def collect(run_dirs: list[Path]) -> dict:
         pt, seed = points[key], config_value(cfg, "train.seed")
         pt["dirs"].append(d)
         summary = d / "summary.json"
-        if not summary.is_file():
+        if not is_finished(d):  # no summary, or one of an interrupted or failed run
             pt["missing"].append(seed)
             continue
         s = json.loads(summary.read_text(encoding="utf-8"))

@@ -48,6 +48,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import doc_sections  # noqa: E402  (the marked sections of docs/results.md)
 
+from oblr.train.summary import is_finished  # noqa: E402
+
 TASKS = ("arithmetic", "countdown", "word_problems")
 SEEDS = [0, 1, 2]
 #: steps of a paper-regime run (128 x 8 sequences a step): the rollout budget of 800 steps at N = 16
@@ -130,7 +132,7 @@ def run_stats(run: Path) -> dict:
     lrs = [r["snr/lr"] for r in rows]
     nsnr = [r["snr/n_snr"] for r in rows if "snr/n_snr" in r]
     summary = run / "summary.json"
-    done = summary.is_file()
+    done = is_finished(run)  # a summary of an interrupted or failed run is not a finished one
     s = json.loads(summary.read_text(encoding="utf-8")) if done else {}
     return {"run": run.name if run.name.startswith("seed") is False else run.parent.name,
             "n": int(cfg["rollout"]["prompts_per_step"]), "ema": float(cfg["optim"]["snr_ema"]),

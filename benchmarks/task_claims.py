@@ -65,6 +65,7 @@ import lr_sensitivity as lrs  # noqa: E402  (the sweep's names and folder layout
 
 from oblr.experiments.compare import aggregate  # noqa: E402
 from oblr.experiments.stats import config_value, run_config  # noqa: E402
+from oblr.train.summary import is_finished  # noqa: E402
 
 METHODS = {**lrs.METHODS,
            "rloo-const": {"algorithm.baseline": "rloo", "algorithm.lr_schedule": "constant"},
@@ -128,7 +129,7 @@ def collect(roots: list[Path]) -> tuple[dict, int]:
         pt = points[(method_of(cfg), float(config_value(cfg, "optim.lr")))]
         seed = config_value(cfg, "train.seed")
         summary = d / "summary.json"
-        if not summary.is_file():
+        if not is_finished(d):  # no summary, or one of an interrupted or failed run
             pt["missing"].append(seed)
             continue
         pt["final"].append(json.loads(summary.read_text(encoding="utf-8")).get("eval_accuracy_final", math.nan))

@@ -55,9 +55,8 @@ def read_curve(run_dir: Path) -> list[tuple[int, float, float | None]]:
 def run_task(task: str, runs: Path, env: dict) -> dict:
     from oblr.models import task_model_dir
     from oblr.models.builtin import METADATA_FILE
-    from oblr.models.task_builtins import TASK_MODELS, is_current
-
     from oblr.models.shipped import source, verified_dir
+    from oblr.models.task_builtins import TASK_MODELS, is_current
 
     spec = TASK_MODELS[task]
     if source() == "shipped":  # the shipped bytes: nothing is built

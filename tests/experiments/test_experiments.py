@@ -134,6 +134,40 @@ def test_decide_resumes_a_checkpointed_run_and_clears_a_partial_one(grid_run, tm
     assert decide(run, plan[("oblr-snr", 0)].cfg) == ("start", "partial run without checkpoint (cleared)")
 
 
+def test_an_interrupted_run_is_resumed_or_moved_aside_never_reused(grid_run, tmp_path, capsys):
+    """An interrupted (or failed) run writes summary.json too, with its status: a second `oblr compare` resumes
+    it from its checkpoint, and moves one without a checkpoint aside (kept) before starting it afresh."""
+    grid_path, out = grid_run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    finished = {p: json.loads(p.read_text()) for p in copy.glob("*/seed*/summary.json")}
+    cut = copy / "oblr-snr" / "seed0"  # stopped after step 1: its checkpoint of step 2 removed
+    shutil.rmtree(cut / "checkpoints" / "step_000002")
+    (cut / "summary.json").write_text(json.dumps({**finished[cut / "summary.json"], "status": "interrupted",
+                                                  "steps": 1}))
+    bare = copy / "rloo-const" / "seed1"  # failed before its first checkpoint
+    shutil.rmtree(bare / "checkpoints")
+    (bare / "summary.json").write_text(json.dumps({**finished[bare / "summary.json"], "status": "failed",
+                                                   "steps": 0}))
+    plan = {(p.variant, p.seed): p for p in plan_grid(load_grid(grid_path), copy)}
+    assert (plan[("oblr-snr", 0)].action, plan[("oblr-snr", 0)].reason) == (
+        "resume", "interrupted run; resuming from its last checkpoint")
+    assert (plan[("rloo-const", 1)].action, plan[("rloo-const", 1)].reason) == (
+        "start", "failed run without checkpoint (moved aside)")
+    assert plan[("oblr-snr", 1)].action == plan[("rloo-const", 0)].action == "reuse"
+    capsys.readouterr()
+    assert main(["compare", "--config", str(grid_path), "--out", str(copy)]) == 0
+    text = capsys.readouterr().out
+    assert "(0 reuse" not in text and "2 reuse, 1 resume, 1 start" in text
+    assert f"moved to {bare.with_name('seed1.failed')}" in text
+    assert json.loads((bare.with_name("seed1.failed") / "summary.json").read_text())["status"] == "failed"
+    for run in (cut, bare):
+        s = json.loads((run / "summary.json").read_text())
+        assert s["status"] == "completed" and s["steps"] == 2
+    rows = [json.loads(ln) for ln in (cut / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "optim/lr" in r] == [1, 2]
+
+
 def test_run_folders_record_their_code_and_compare_refuses_reruns_or_reuses_other_code(grid_run, tmp_path, capsys):
     from oblr.provenance import code_identity, read_code_file
 

@@ -155,3 +155,13 @@ def test_a_kl_row_is_named_by_its_target_as_logged_else_as_configured(tmp_path):
     assert rows == ["grpo-const", "oblr-snr-ema", "oblr-kl", "oblr-kl-target0.0015", "oblr-kl-target0.0015",
                     "oblr-kl-target0.003"]
     assert prr.is_tuning_free("oblr-kl-target0.0015") and not prr.is_tuning_free("grpo-const")
+
+
+def test_a_run_whose_summary_says_interrupted_is_unfinished(tmp_path):
+    for s, f in enumerate((0.30, 0.32)):
+        _run(tmp_path, "grpo-0.1", s, lr=0.1, final=f)
+    cut = _run(tmp_path, "grpo-0.1", 2, lr=0.1, final=0.05)  # stopped at step 2 of 50: its summary says so
+    summary = json.loads((cut / "summary.json").read_text())
+    (cut / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    (p,) = [prr.point(v) for v in prr.collect([tmp_path]).values()]
+    assert p["final"] == [0.30, 0.32] and p["seeds"] == [0, 1] and p["missing"] == [2]

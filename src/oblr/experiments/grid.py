@@ -15,10 +15,12 @@ The config of run (v, k) is ``base``, then variant v's overrides, then ``train.s
 command-line overrides (which win, except that they may not set ``train.seed`` or ``train.output_dir``),
 then ``train.output_dir = OUT/<v>/seed<k>``. Every config is validated before any run starts.
 
-A run folder is *reused* when its ``summary.json`` exists and its ``config.yaml`` matches (keys in
-:data:`IGNORED_FOR_MATCH` aside), *resumed* when it has a checkpoint and a compatible config (or a finished
-run is asked for more ``train.steps``), *started* when empty (a partial run without any checkpoint is
-cleared first), and a *conflict* (never touched) when it holds a run of another configuration.
+A run folder is *reused* when its ``summary.json`` says the run completed and its ``config.yaml`` matches (keys
+in :data:`IGNORED_FOR_MATCH` aside), *resumed* when it has a checkpoint and a compatible config (an interrupted
+or failed run, whose summary says so, included; or a finished run asked for more ``train.steps``), *started*
+when empty (a partial run without any checkpoint is cleared first; one whose summary says it was interrupted or
+failed is moved aside to ``seed<k>.interrupted`` / ``.failed``), and a *conflict* (never touched) when it holds
+a run of another configuration.
 
 A folder made (or resumed) by other oblr code (another source hash, :mod:`oblr.provenance`; folders from before
 runs recorded their code count as other code), or started from other weights of the same model name (another
@@ -44,6 +46,7 @@ from oblr.provenance import same_code, same_start_model
 from oblr.safe_load import InputError, load_yaml_file
 from oblr.train.checkpoint import latest_checkpoint
 from oblr.train.run_dir import RESUMABLE_CHANGES, config_diff, flatten
+from oblr.train.summary import summary_status
 
 GRID_KEYS = ("base", "runs", "seeds", "out", "report", "description")
 REPORT_KEYS = ("target", "accuracy_key", "spike_factor", "spike_window")
@@ -273,10 +276,11 @@ def move_aside(run_dir: Path, tag: str = "other-code") -> Path:
 
 def _decide_config(run_dir: Path, cfg: Config) -> tuple[str, str]:
     """``(action, reason)`` from the folder's files and config alone (code not considered)."""
-    has_summary = (run_dir / "summary.json").is_file()
+    status = summary_status(run_dir)
+    has_summary = status == "completed"  # an interrupted or failed run writes a summary too: not finished
     has_ckpt = latest_checkpoint(run_dir) is not None
     has_cfg = (run_dir / "config.yaml").is_file()
-    if not (has_summary or has_ckpt or has_cfg or (run_dir / "metrics.jsonl").exists()):
+    if not (status or has_ckpt or has_cfg or (run_dir / "metrics.jsonl").exists()):
         return "start", ""
     diff = config_diff(run_dir / "config.yaml", cfg) if has_cfg else None
     if diff is not None:
@@ -296,7 +300,10 @@ def _decide_config(run_dir: Path, cfg: Config) -> tuple[str, str]:
         return "conflict", (f"{run_dir} finished with train.steps={saved_steps}, asked {cfg.train.steps}; "
                             f"move it away or use another --out")
     if has_ckpt:
-        return "resume", "checkpoint without summary"
+        return "resume", ("checkpoint without summary" if status is None
+                          else f"{status} run; resuming from its last checkpoint")
+    if status is not None:
+        return "start", f"{status} run without checkpoint (moved aside)"
     return "start", "partial run without checkpoint (cleared)"
 
 
@@ -317,14 +324,18 @@ def plan_grid(grid: Grid, out_dir: str | Path, overrides: list[str] = (),
 
 
 def clear_partial(run_dir: Path) -> Path | None:
-    """Make room for a fresh start in a run folder that has neither summary nor intact checkpoint (nothing to
-    resume from). A folder with no checkpoint folder at all is removed; one that still holds checkpoint
-    folders (all damaged) is moved aside by :func:`move_aside`, so nothing a user might recover is deleted.
-    Returns the folder it was moved to, or None."""
-    if (run_dir / "summary.json").exists() or latest_checkpoint(run_dir) is not None:
-        raise RuntimeError(f"refusing to clear {run_dir}: it holds a summary or a checkpoint")
+    """Make room for a fresh start in a run folder that has neither a finished summary nor an intact checkpoint
+    (nothing to resume from). A folder with no checkpoint folder and no summary at all is removed; one that
+    still holds checkpoint folders (all damaged) is moved aside by :func:`move_aside` (``.damaged``), and one
+    whose summary says the run was interrupted or failed (``.interrupted``, ``.failed``), so nothing a user
+    might recover or read is deleted. Returns the folder it was moved to, or None."""
+    status = summary_status(run_dir)
+    if status == "completed" or latest_checkpoint(run_dir) is not None:
+        raise RuntimeError(f"refusing to clear {run_dir}: it holds a finished summary or a checkpoint")
     if not run_dir.exists():
         return None
+    if status is not None:
+        return move_aside(run_dir, re.sub(r"[^a-z]+", "-", status))
     if any((run_dir / "checkpoints").glob("step_*")):
         return move_aside(run_dir, "damaged")
     shutil.rmtree(run_dir)

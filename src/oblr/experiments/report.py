@@ -21,6 +21,7 @@ from pathlib import Path
 from oblr.experiments.grid import GRID_FILE, IGNORED_FOR_MATCH
 from oblr.experiments.stats import run_config, run_label, split_by_settings
 from oblr.tracking.plots import RUN_PLOTS, plot_run
+from oblr.train.summary import is_finished
 
 __all__ = ["RUN_PLOTS", "SETTINGS_IGNORED", "build_report", "default_report_dir", "find_run_dirs", "plot_run",
            "run_settings", "variant_label"]
@@ -91,9 +92,10 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, run_plots: boo
     from oblr.experiments.compare import _grouper, compare_runs
 
     dirs = find_run_dirs(paths)
-    unfinished = [d for d in dirs if not (d / "summary.json").is_file()]
+    unfinished = [d for d in dirs if not is_finished(d)]
     if unfinished:
-        log(f"[report] {len(unfinished)} run(s) without summary.json (unfinished; included as far as they got): "
+        log(f"[report] {len(unfinished)} run(s) not completed (no summary.json, or one of an interrupted or failed "
+            f"run; included as far as they got): "
             + ", ".join(map(str, unfinished)))
     pooled = "group_by" in compare_kw  # the caller's grouping is kept, differences only said
     label_of = _grouper(compare_kw.get("group_by", variant_label))

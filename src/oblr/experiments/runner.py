@@ -182,7 +182,9 @@ def _start_msg(log, k: int, n: int, p: PlannedRun) -> None:
     if p.action == "start" and p.reason:
         aside = clear_partial(p.run_dir)
         if aside is not None:
-            log(f"[grid] {p.run_dir} held only damaged checkpoints: moved to {aside}, the run starts afresh")
+            why = ("held only damaged checkpoints" if ".damaged" in aside.name
+                   else "held a run that stopped before any checkpoint")
+            log(f"[grid] {p.run_dir} {why}: moved to {aside}, the run starts afresh")
 
 
 def _job_args(p: PlannedRun, jobs: int, quiet: bool) -> tuple:

@@ -32,6 +32,26 @@ def write_summary(run_dir, summary: dict, *, best_effort: bool = False) -> None:
             raise
 
 
+def summary_status(run_dir) -> str | None:
+    """The ``status`` of a run folder's ``summary.json``: ``completed``, ``interrupted`` or ``failed`` as the trainer
+    wrote it, ``unreadable`` for a file that does not parse, ``None`` without one (a summary from before the key
+    existed counts as ``completed``). Only ``completed`` is a finished run: an interrupted or failed run writes a
+    summary too, of the steps it did."""
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        s = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "unreadable"
+    return str(s.get("status", "completed")) if isinstance(s, dict) else "unreadable"
+
+
+def is_finished(run_dir) -> bool:
+    """Whether the run in ``run_dir`` completed (:func:`summary_status` is ``completed``)."""
+    return summary_status(run_dir) == "completed"
+
+
 def summary_lines(s: dict) -> list[str]:
     """What the end of ``oblr train`` prints (each line after ``[oblr] ``)."""
     lines = [f"done: {s['steps']} steps in {s['wall_seconds']:.0f} s, run folder {s['run_dir']}"]
