@@ -277,7 +277,7 @@ def move_aside(run_dir: Path, tag: str = "other-code") -> Path:
 def _decide_config(run_dir: Path, cfg: Config) -> tuple[str, str]:
     """``(action, reason)`` from the folder's files and config alone (code not considered)."""
     status = summary_status(run_dir)
-    has_summary = status == "completed"  # an interrupted or failed run writes a summary too: not finished
+    finished = status == "completed"  # an interrupted or failed run writes a summary too: not finished
     has_ckpt = latest_checkpoint(run_dir) is not None
     has_cfg = (run_dir / "config.yaml").is_file()
     if not (status or has_ckpt or has_cfg or (run_dir / "metrics.jsonl").exists()):
@@ -292,7 +292,7 @@ def _decide_config(run_dir: Path, cfg: Config) -> tuple[str, str]:
         return "conflict", (f"{run_dir} holds a run with another configuration (changed: {', '.join(hard)}); "
                             f"move it away or use another --out")
     saved_steps = flatten(read_config_file(run_dir / "config.yaml")).get("train.steps", Config().train.steps)
-    if has_summary:
+    if finished:
         if cfg.train.steps == saved_steps:
             return "reuse", ("finished" + (f" (differs only in {', '.join(diff)})" if diff else ""))
         if cfg.train.steps > saved_steps and has_ckpt:
