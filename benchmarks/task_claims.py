@@ -19,7 +19,9 @@ default run (``task.name=<task>``, so its built-in model), seeds 0, 1, 2:
 - the method comparison at a fixed rate, as the built-in task's paper-check grid does: ``rloo-const`` and
   ``oblr-const`` (the OBLR-PO baseline without the SNR rule) at 1e-4, beside ``grpo-const`` at 1e-4 and
   ``oblr-snr`` with eta_max 1e-3 from the sweep (the same folders, run once); and ``oblr-kl`` (the lr set
-  from the policy's KL per step) from the guess 1e-3.
+  from the policy's KL per step) from the guess 1e-3. In a report, ``oblr-kl`` is the kl schedule at the target
+  that is the default now for the run's N and optimizer (the logged ``kl/target``, or the configured one); kl
+  runs at other targets (earlier defaults) are listed under the task's tables as ``oblr-kl-target<T>``.
 
 Run folders are ``OUT/<method>-adamw-lr<lr>/seed<k>/``; ``benchmarks/results/task-claims/`` keeps only each
 run's ``config.yaml`` and ``summary.json`` (its ``.gitignore``): the configuration and result of every point
@@ -65,6 +67,7 @@ import lr_sensitivity as lrs  # noqa: E402  (the sweep's names and folder layout
 
 from oblr.experiments.compare import aggregate  # noqa: E402
 from oblr.experiments.stats import config_value, run_config  # noqa: E402
+from oblr.kl_rate import default_target  # noqa: E402
 from oblr.train.summary import is_finished  # noqa: E402
 
 METHODS = {**lrs.METHODS,
@@ -110,9 +113,36 @@ def write_grid(task: str, out: Path, steps: int | None = None, only: tuple[str, 
 
 
 # ------------------------------------------------------------------------------------------ reading
-def method_of(cfg: dict) -> str:
+def kl_target_of(cfg: dict, run_dir: Path) -> float:
+    """The target a ``kl`` run steered to: ``algorithm.schedule_options.target`` when given, else the ``kl/target``
+    its metrics.jsonl logged (the default of the code that ran it, which has changed: 3e-3, then 3e-3 x N / 128,
+    then 1.5e-3 x N / 128 with AdamW). A run that shows neither is refused with its folder named."""
+    given = (config_value(cfg, "algorithm.schedule_options") or {}).get("target")
+    if given is not None:
+        return float(given)
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        with metrics.open(encoding="utf-8") as fh:
+            for line in fh:
+                row = json.loads(line) if line.strip() else {}
+                if "kl/target" in row:
+                    return float(row["kl/target"])
+    raise SystemExit(f"task_claims: {run_dir}: a kl run with no schedule_options.target in config.yaml and no "
+                     "kl/target in metrics.jsonl, so its target (which decides its column) cannot be told")
+
+
+def method_of(cfg: dict, run_dir: Path | None = None) -> str:
+    """The method a run's config names. ``oblr-kl`` is the kl schedule at the target that is the default now for
+    the run's N and optimizer (:func:`oblr.kl_rate.default_target`); a kl run at any other target is
+    ``oblr-kl-target<T>`` (listed under the tables, never mixed into the ``oblr-kl`` column)."""
     for name, ov in METHODS.items():
         if all(config_value(cfg, k) == v for k, v in ov.items()):
+            if name == "oblr-kl" and run_dir is not None:
+                target = kl_target_of(cfg, run_dir)
+                default = default_target(int(config_value(cfg, "rollout.prompts_per_step")),
+                                         adaptive=config_value(cfg, "optim.optimizer") != "sgd")
+                if not math.isclose(target, default, rel_tol=1e-9):
+                    return f"oblr-kl-target{target:g}"
             return name
     return f"{config_value(cfg, 'algorithm.baseline')}+{config_value(cfg, 'algorithm.lr_schedule')}"
 
@@ -126,7 +156,7 @@ def collect(roots: list[Path]) -> tuple[dict, int]:
         if config_value(cfg, "optim.optimizer") != "adamw":
             continue
         steps.setdefault(int(config_value(cfg, "train.steps")), d)
-        pt = points[(method_of(cfg), float(config_value(cfg, "optim.lr")))]
+        pt = points[(method_of(cfg, d), float(config_value(cfg, "optim.lr")))]
         seed = config_value(cfg, "train.seed")
         summary = d / "summary.json"
         if not is_finished(d):  # no summary, or one of an interrupted or failed run
@@ -194,6 +224,11 @@ def task_tables(task: str, points: dict, steps: int) -> str:
             "",
             "| method | lr | final sampled acc. (%) |", "|---|---|---|"]
     out += [f"| {m} | {lr:g} | {cell(points.get((m, lr)))} |" for m, lr in COMPARISON]
+    others = sorted((m, lr) for (m, lr) in points if m not in TABLE_METHODS and (m, lr) not in dict.fromkeys(COMPARISON))
+    if others:
+        out += ["", "Also under these roots, not in the tables above (another method, or the kl schedule at a target "
+                "that is not the default now): " + "; ".join(f"{m} at {lr:g}: {cell(points[(m, lr)])}"
+                                                            for m, lr in others) + "."]
     return "\n".join(out) + "\n"
 
 
@@ -246,7 +281,9 @@ def report(task_roots: dict[str, list[Path]], out: Path) -> str:
     cmd = " ".join(f"--task {t}={','.join(map(str, r))}" for t, r in task_roots.items())
     text = ["## The claims per task (generated)", "",
             f"Generated by `python benchmarks/task_claims.py report {cmd} --out {out}` from run folders' "
-            "config.yaml and summary.json. 'beats'/'behind': the difference of mean final accuracy is more than "
+            "config.yaml and summary.json (and a kl run's logged target). 'oblr-kl': the kl schedule at the target that "
+            f"is the default now ({default_target(16):g} at N = 16 with AdamW); kl runs at earlier targets are listed "
+            "under each task's tables. 'beats'/'behind': the difference of mean final accuracy is more than "
             "twice its standard error over seeds; otherwise 'within noise'.", "",
             "![accuracy against lr per task](task_claims.png)", "", cross_table(tasks)]
     text += [task_tables(t, p, s) for t, (p, s) in tasks.items()]

@@ -16,10 +16,13 @@ import task_claims as tc
 
 from oblr.config import Config, save_config
 from oblr.experiments.grid import load_grid, plan_grid
+from oblr.kl_rate import default_target
 
 
-def _fake_run(root: Path, method: str, lr: float, seed: int, final: float | None, steps: int = 100):
-    d = root / tc.lrs.point_name(method, "adamw", lr) / f"seed{seed}"
+def _fake_run(root: Path, method: str, lr: float, seed: int, final: float | None, steps: int = 100,
+              kl_target: float | None = None, name: str | None = None):
+    """A run folder; a kl run logs ``kl_target`` (default: today's default target at the config's N = 16)."""
+    d = root / (name or tc.lrs.point_name(method, "adamw", lr)) / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = Config()
     for k, v in {**tc.METHODS[method], "optim.optimizer": "adamw", "optim.lr": lr, "train.seed": seed,
@@ -27,6 +30,10 @@ def _fake_run(root: Path, method: str, lr: float, seed: int, final: float | None
         sec, key = k.split(".")
         setattr(getattr(cfg, sec), key, v)
     save_config(cfg, d / "config.yaml")
+    if method == "oblr-kl":
+        target = default_target(cfg.rollout.prompts_per_step) if kl_target is None else kl_target
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy_sampled": 0.1}) + "\n"
+                                         + json.dumps({"step": 1, "kl/target": target}) + "\n")
     if final is not None:
         (d / "summary.json").write_text(json.dumps({"eval_accuracy_final": final}))
     return d
@@ -75,6 +82,31 @@ def test_report_verdicts_best_fixed_rate_and_auto_worst_guess(tmp_path):
     assert "| oblr-kl | 0.001 | 16.0 ± 1.0 (3) |" in md
     assert "| 0.01 | missing; unfinished [0] | – | 35.0 ± 0.0 (3) | 30.0 ± 0.0 (2) |" in md  # kl: a guess column
     assert (tmp_path / "out" / "task_claims.png").stat().st_size > 1000
+
+
+def test_kl_runs_at_an_earlier_default_target_are_listed_apart_never_mixed_into_the_kl_column(tmp_path):
+    root = tmp_path / "word_problems"
+    for seed in range(3):
+        _fake_run(root, "grpo-const", 1e-4, seed, 0.30 + 0.01 * seed)
+        _fake_run(root, "oblr-kl", 1e-3, seed, 0.31 + 0.01 * seed)  # today's default at N = 16: 1.875e-4
+        # the same folder layout, an earlier default (3.75e-4, logged, not configured): its own row
+        _fake_run(root, "oblr-kl", 1e-3, seed, 0.10, kl_target=3.75e-4, name="old-kl-adamw-lr0.001")
+    md = tc.report({"word_problems": [root]}, tmp_path / "out")
+    assert "| oblr-kl | 0.001 | 32.0 ± 1.0 (3) |" in md  # the old runs' 10 % would pull it to 21 %
+    assert "oblr-kl-target0.000375 at 0.001: 10.0 ± 0.0 (3)" in md
+    # a configured target that is today's default is the oblr-kl column, whatever the folder is called
+    cfg = {"algorithm": {"baseline": "oblr", "lr_schedule": "kl", "schedule_options": {"target": 1.875e-4}},
+           "rollout": {"prompts_per_step": 16}, "optim": {"optimizer": "adamw"}}
+    assert tc.method_of(cfg, tmp_path) == "oblr-kl"
+    cfg["optim"]["optimizer"] = "sgd"  # SGD's default is 3e-3 at every N
+    assert tc.method_of(cfg, tmp_path) == "oblr-kl-target0.0001875"
+
+
+def test_a_kl_run_whose_target_cannot_be_told_is_refused_with_its_folder(tmp_path):
+    d = _fake_run(tmp_path, "oblr-kl", 1e-3, 0, 0.3)
+    (d / "metrics.jsonl").unlink()  # only config.yaml and summary.json kept, no target configured
+    with pytest.raises(SystemExit, match=f"{d}: a kl run with no schedule_options.target"):
+        tc.collect([tmp_path])
 
 
 def test_behind_and_too_few_seeds():
