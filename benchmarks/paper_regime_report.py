@@ -204,9 +204,11 @@ def tables(points: dict) -> str:
             vs = "-" if best is None or k[4] == "grpo-const" and k[5] == best[0] else verdict_of(p, best[1])
             vs_g = "-" if best_g is None or k[4] == "grpo-const" and k[5] == best_g[0] \
                 else verdict_of(p, best_g[1], "greedy_final")
+            steps = ", ".join("-" if s is None else str(s) for s in p["best_step"])  # None: no metrics.jsonl kept
+            lr0 = _num(100 * p["lr0_share"], ".0f")
             out.append(f"| {k[4]} | {k[5]:g} | {_acc(p)} | {_greedy(p)} | "
-                       f"{', '.join(str(s) for s in p['best_step']) or '-'} | {_num(p['lr_mean'], '.3g')} | "
-                       f"{_num(100 * p['lr0_share'], '.0f')} % | {_num(p['factor_mean'], '.3f')} | {vs} | {vs_g} |")
+                       f"{steps or '-'} | {_num(p['lr_mean'], '.3g')} | "
+                       f"{lr0 + ' %' if lr0 != '-' else '-'} | {_num(p['factor_mean'], '.3f')} | {vs} | {vs_g} |")
         if best is not None:
             out += ["", f"Best GRPO fixed rate: {best[0]:g} ({_acc(best[1])})."
                     + (f" By greedy accuracy: {best_g[0]:g} ({_greedy(best_g[1])} greedy)." if best_g else "")]

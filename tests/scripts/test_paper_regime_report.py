@@ -71,6 +71,15 @@ def test_rows_statistics_and_verdicts_by_hand(tmp_path):
     assert "| grpo-const | 1 | 21.0 ± 1.0 (3) |" in md and "behind (-11.0" in md
 
 
+def test_a_run_kept_without_its_metrics_shows_dashes_not_none(tmp_path):
+    # committed sweeps that keep only config.yaml and summary.json: no best step, no lr statistics
+    for s, f in enumerate((0.30, 0.32)):
+        (_run(tmp_path, "grpo-0.1", s, lr=0.1, final=f) / "metrics.jsonl").unlink()
+    md = prr.tables({k: prr.point(v) for k, v in prr.collect([tmp_path]).items()})
+    row = next(line for line in md.splitlines() if line.startswith("| grpo-const | 0.1 |"))
+    assert "| 31.0 ± 1.4 (2) | 50.0 ± 0.0 | -, - | - | - | - |" in row and "None" not in md
+
+
 def test_report_writes_files_and_its_own_section(tmp_path):
     runs = tmp_path / "runs"
     for s in (0, 1):
