@@ -224,7 +224,7 @@ def task_tables(task: str, points: dict, steps: int) -> str:
             "",
             "| method | lr | final sampled acc. (%) |", "|---|---|---|"]
     out += [f"| {m} | {lr:g} | {cell(points.get((m, lr)))} |" for m, lr in COMPARISON]
-    others = sorted((m, lr) for (m, lr) in points if m not in TABLE_METHODS and (m, lr) not in dict.fromkeys(COMPARISON))
+    others = sorted((m, lr) for (m, lr) in points if m not in TABLE_METHODS and (m, lr) not in set(COMPARISON))
     if others:
         out += ["", "Also under these roots, not in the tables above (another method, or the kl schedule at a target "
                 "that is not the default now): " + "; ".join(f"{m} at {lr:g}: {cell(points[(m, lr)])}"
