@@ -82,3 +82,23 @@ def checkpointed(model, reentrant: bool = False):
 def grad_err(got, ref) -> float:
     """Largest relative max-abs error over a list of gradient tensors."""
     return max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(got, ref))
+
+
+# A ragged batch of 7 rows: unequal prompts and responses, one response a single token.
+RAGGED_PROMPTS = [3, 4, 2, 5, 3, 3, 4]
+RAGGED_RESPONSES = [5, 2, 6, 4, 3, 1, 3]
+
+
+def ragged_batch(vocab: int):
+    """The 7-row ragged batch (left-padded, seed 2) the engine-against-loop tests share."""
+    return make_batch(vocab, RAGGED_PROMPTS, RAGGED_RESPONSES, seed=2)
+
+
+def assert_matches_loop(model, ids, am, rm, coeffs, gid, w, gk, grads, rtol: float) -> None:
+    """An engine's per-row squared norms ``w``, group norms ``gk`` and weighted gradient ``grads`` against the
+    loop reference (one backward per row) on the same batch, each within ``rtol`` (largest relative error)."""
+    from oblr.gradnorm import loop_group_sq_norms, loop_sequence_sq_norms, loop_weighted_grad
+
+    assert rel_err(w, loop_sequence_sq_norms(model, ids, am, rm)) < rtol
+    assert rel_err(gk, loop_group_sq_norms(model, ids, am, rm, coeffs, gid)) < rtol
+    assert grad_err(grads, loop_weighted_grad(model, ids, am, rm, coeffs)) < rtol

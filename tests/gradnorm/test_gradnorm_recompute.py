@@ -7,26 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_llama, tiny_qwen3
+from gradnorm_helpers import assert_matches_loop, ragged_batch, rel_err
 from gradnorm_helpers import checkpointed as _ckpt
 from gradnorm_helpers import grad_err as _grad_err
-from gradnorm_helpers import make_batch, rel_err
 
 from oblr.gradnorm import (
     RecomputeBookKeeper,
     loop_group_sq_norms,
-    loop_sequence_sq_norms,
     loop_weighted_grad,
     make_book,
 )
 from oblr.logprobs import chunked_response_logprobs, sequence_logprobs, token_logprobs
 
 RTOL = 1e-5
-
-
-
-def _batch(vocab):
-    return make_batch(vocab, [3, 4, 2, 5, 3, 3, 4], [5, 2, 6, 4, 3, 1, 3], seed=2)
-
 
 
 def _recompute(model, ids, am, rm, coeffs, gid, method, seq_fn=None):
@@ -49,18 +42,16 @@ def _recompute(model, ids, am, rm, coeffs, gid, method, seq_fn=None):
 @pytest.mark.parametrize("method", ["auto", "ghost", "materialize"])
 def test_recompute_engine_matches_the_loop_with_checkpointing_on(arch, method):
     model = _ckpt(tiny_qwen3(seed=3) if arch == "qwen3_tied" else tiny_llama())
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     coeffs = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(1))
     gid = torch.tensor([2, 0, 2, 1, 0, 2, 5])  # interleaved, unequal groups, ids not contiguous
     w, gk, g = _recompute(model, ids, am, rm, coeffs, gid, method)
-    assert rel_err(w, loop_sequence_sq_norms(model, ids, am, rm)) < RTOL
-    assert rel_err(gk, loop_group_sq_norms(model, ids, am, rm, coeffs, gid)) < RTOL
-    assert _grad_err(g, loop_weighted_grad(model, ids, am, rm, coeffs)) < RTOL
+    assert_matches_loop(model, ids, am, rm, coeffs, gid, w, gk, g, RTOL)
 
 
 def test_recompute_engine_with_the_output_layer_in_chunks():
     model = _ckpt(tiny_qwen3(seed=3))
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     coeffs = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(4))
     gid = torch.arange(ids.shape[0]) // 3
 
@@ -68,9 +59,7 @@ def test_recompute_engine_with_the_output_layer_in_chunks():
         return sequence_logprobs(chunked_response_logprobs(model, ids, am, rm, chunk=2)[0], rm)
 
     w, gk, g = _recompute(model, ids, am, rm, coeffs, gid, "auto", seq_fn=chunked)
-    assert rel_err(w, loop_sequence_sq_norms(model, ids, am, rm)) < RTOL
-    assert rel_err(gk, loop_group_sq_norms(model, ids, am, rm, coeffs, gid)) < RTOL
-    assert _grad_err(g, loop_weighted_grad(model, ids, am, rm, coeffs)) < RTOL
+    assert_matches_loop(model, ids, am, rm, coeffs, gid, w, gk, g, RTOL)
 
 
 def test_recompute_engine_with_peft_lora():
@@ -78,19 +67,17 @@ def test_recompute_engine_with_peft_lora():
     model = peft.get_peft_model(
         tiny_qwen3(seed=5), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     _ckpt(model)
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     coeffs = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(3))
     gid = torch.arange(ids.shape[0]) // 3
     w, gk, g = _recompute(model, ids, am, rm, coeffs, gid, "auto")
-    assert rel_err(w, loop_sequence_sq_norms(model, ids, am, rm)) < RTOL
-    assert rel_err(gk, loop_group_sq_norms(model, ids, am, rm, coeffs, gid)) < RTOL
-    assert _grad_err(g, loop_weighted_grad(model, ids, am, rm, coeffs)) < RTOL
+    assert_matches_loop(model, ids, am, rm, coeffs, gid, w, gk, g, RTOL)
     assert all("lora_" in n for n in RecomputeBookKeeper(model).parameter_names())
 
 
 def test_each_block_is_recomputed_once_and_no_gradient_pass_runs():
     model = _ckpt(tiny_qwen3(seed=3))
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     calls = []
     model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *a: calls.append(1))
     assert isinstance(make_book(model, engine="recompute"), RecomputeBookKeeper)
@@ -116,7 +103,7 @@ def test_each_block_is_recomputed_once_and_no_gradient_pass_runs():
 
 def test_kl_style_second_objective_replaces_the_first():
     model = _ckpt(tiny_qwen3(seed=3))
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     a = torch.linspace(0.5, 2.0, ids.shape[0])
     gid = torch.arange(ids.shape[0]) // 2
     book = RecomputeBookKeeper(model)
@@ -137,7 +124,7 @@ def test_a_failed_backward_answers_nothing_and_misuse_is_refused():
     model = _ckpt(tiny_qwen3(seed=3))
     with pytest.raises(ValueError, match="loop"):
         RecomputeBookKeeper(model, method="loop")
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     book = RecomputeBookKeeper(model)
     with pytest.raises(RuntimeError, match="nothing recorded"):
         book.backward(torch.zeros(3, requires_grad=True))
@@ -179,7 +166,7 @@ def test_a_sharded_model_without_a_grad_sink_is_refused(monkeypatch):
 
 def test_grad_sink_receives_every_increment():
     model = _ckpt(tiny_qwen3(seed=3))
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     got = {}
     book = RecomputeBookKeeper(model, grad_sink=lambda p, inc: got.__setitem__(id(p), inc.clone()))
     with book.record():

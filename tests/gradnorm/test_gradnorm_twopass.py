@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_llama, tiny_qwen3
+from gradnorm_helpers import assert_matches_loop, ragged_batch, rel_err
 from gradnorm_helpers import checkpointed as _ckpt
 from gradnorm_helpers import grad_err as _grad_err
-from gradnorm_helpers import make_batch, rel_err
 
 from oblr.gradnorm import (
     BookKeeper,
@@ -21,13 +21,6 @@ from oblr.gradnorm import (
 from oblr.logprobs import sequence_logprobs, token_logprobs
 
 RTOL = 1e-5
-
-
-
-def _batch(vocab):
-    ids, am, rm = make_batch(vocab, [3, 4, 2, 5, 3, 3, 4], [5, 2, 6, 4, 3, 1, 3], seed=2)
-    return ids, am, rm
-
 
 
 def _two_pass(model, ids, am, rm, coeffs, gid, method):
@@ -48,7 +41,7 @@ def _two_pass(model, ids, am, rm, coeffs, gid, method):
 @pytest.mark.parametrize("method", ["auto", "ghost", "materialize"])
 def test_two_pass_matches_the_loop_with_checkpointing_on(arch, method):
     model = _ckpt(tiny_qwen3(seed=3) if arch == "qwen3_tied" else tiny_llama())
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     coeffs = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(1))
     gid = torch.tensor([2, 0, 2, 1, 0, 2, 5])  # interleaved, unequal groups, ids not contiguous
     w_ref = loop_sequence_sq_norms(model, ids, am, rm)
@@ -72,15 +65,13 @@ def test_two_pass_with_sliced_row_grams_matches_the_loop(monkeypatch, method, al
     monkeypatch.setattr(gram, "SPLIT_DEVICES", ("cpu",))
     monkeypatch.setattr(gram, "rows_gram", lambda z, split=None: calls.append(z.shape) or real(z, split))
     model = _ckpt(tiny_qwen3(seed=3))
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     coeffs = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(1))
     gid = torch.arange(7) if alone else torch.tensor([2, 0, 2, 1, 0, 2, 5])  # alone: groups of one row
     w, gk, g = _two_pass(model, ids, am, rm, coeffs, gid, method)
     assert calls and any(n % 7 and n >= 14 for _, _, n in calls)  # sliced, with a remainder
     assert all((M == 1) == alone for _, M, _ in calls)
-    assert rel_err(w, loop_sequence_sq_norms(model, ids, am, rm)) < RTOL
-    assert rel_err(gk, loop_group_sq_norms(model, ids, am, rm, coeffs, gid)) < RTOL
-    assert _grad_err(g, loop_weighted_grad(model, ids, am, rm, coeffs)) < RTOL
+    assert_matches_loop(model, ids, am, rm, coeffs, gid, w, gk, g, RTOL)
 
 
 def test_rows_gram_slices_equal_one_product():
@@ -142,7 +133,7 @@ def test_a_norm_pass_that_fails_leaves_no_stale_answers():
     from oblr.gradnorm import twopass
 
     model = _ckpt(tiny_qwen3(seed=3))
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     book = TwoPassBookKeeper(model)
     with book.record():
         seq = sequence_logprobs(token_logprobs(model, ids, am), rm)
@@ -172,13 +163,11 @@ def test_two_pass_with_peft_lora_and_checkpointing():
     model = peft.get_peft_model(
         tiny_qwen3(seed=5), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     _ckpt(model)
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     coeffs = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(3))
     gid = torch.arange(ids.shape[0]) // 3
     w, gk, g = _two_pass(model, ids, am, rm, coeffs, gid, "auto")
-    assert rel_err(w, loop_sequence_sq_norms(model, ids, am, rm)) < RTOL
-    assert rel_err(gk, loop_group_sq_norms(model, ids, am, rm, coeffs, gid)) < RTOL
-    assert _grad_err(g, loop_weighted_grad(model, ids, am, rm, coeffs)) < RTOL
+    assert_matches_loop(model, ids, am, rm, coeffs, gid, w, gk, g, RTOL)
     assert all("lora_" in n for n in book_names(model))
 
 
@@ -188,7 +177,7 @@ def book_names(model):
 
 def test_checkpointed_blocks_are_recomputed_in_each_pass_and_grad_accumulates():
     model = _ckpt(tiny_qwen3(seed=3))
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     calls = []
     model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *a: calls.append(1))
     assert isinstance(make_book(model), TwoPassBookKeeper) and type(make_book(model, method="loop")) is BookKeeper
@@ -215,7 +204,7 @@ def test_checkpointed_blocks_are_recomputed_in_each_pass_and_grad_accumulates():
 
 def test_kl_style_second_norm_pass_replaces_the_first():
     model = _ckpt(tiny_qwen3(seed=3))
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     a = torch.linspace(0.5, 2.0, ids.shape[0])
     gid = torch.arange(ids.shape[0]) // 2
     book = TwoPassBookKeeper(model)
@@ -238,7 +227,7 @@ def test_misuse_is_refused_in_one_line():
         TwoPassBookKeeper(model, grad_sink=lambda p, inc: None)
     with pytest.raises(ValueError, match="loop"):
         TwoPassBookKeeper(model, method="loop")
-    ids, am, rm = _batch(model.config.vocab_size)
+    ids, am, rm = ragged_batch(model.config.vocab_size)
     gid = torch.arange(ids.shape[0]) // 2
     book = TwoPassBookKeeper(model)
     with book.record():
