@@ -113,10 +113,12 @@ def _parse_scalar(text: str, key: str):
         return text
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
+def apply_overrides(data: dict, overrides: list[str], problems: list[str] | None = None) -> dict:
     """Apply dotted ``section.key=value`` overrides to a nested dict (returns the same dict). Every override
-    is applied or reported: the problems of all of them are raised together as one :class:`ConfigError`."""
-    problems = []
+    is applied or reported: the problems of all of them are raised together as one :class:`ConfigError`, or,
+    when ``problems`` is given, appended to it (the overrides that could be applied stay applied)."""
+    collect = problems is not None
+    problems = problems if collect else []
     for ov in overrides:
         if "=" not in ov:
             problems.append(f"override {ov!r} is not of the form section.key=value (e.g. optim.lr=1e-3)")
@@ -132,16 +134,23 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             node[parts[-1]] = _parse_scalar(text, key.strip())
         except ConfigError as e:
             problems.append(str(e))
-    _raise(problems)
+    if not collect:
+        _raise(problems)
     return data
 
 
-def config_from_dict(data: dict) -> Config:
-    """The validated :class:`Config` of a nested dict; all problems in one :class:`ConfigError`."""
-    problems: list[str] = []
+def config_from_dict(data: dict, problems: list[str] | None = None) -> Config:
+    """The validated :class:`Config` of a nested dict; all problems in one :class:`ConfigError`: those of
+    ``problems`` (found before, e.g. malformed overrides), unknown keys and wrong types, and the value checks
+    of :func:`validate`, which run on the keys that parsed (a key left out keeps its valid default), so one
+    command line's problems of every kind are reported at once."""
+    problems = list(problems or [])
     cfg = _from_dict(Config, {} if data is None else data, "", problems)
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        problems.append(str(e))
     _raise(problems)
-    validate(cfg)
     return cfg
 
 
@@ -166,8 +175,9 @@ def read_config_file(path: str | Path) -> dict:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML file (optional), apply dotted overrides, type-check and validate."""
     data = read_config_file(path) if path is not None else {}
-    apply_overrides(data, list(overrides or []))
-    return config_from_dict(data)
+    problems: list[str] = []
+    apply_overrides(data, list(overrides or []), problems)
+    return config_from_dict(data, problems)
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

@@ -143,6 +143,16 @@ def test_all_problems_are_reported_together():
     with pytest.raises(ConfigError) as e:  # unknown keys and wrong types: all of them too
         load_config(None, ["optim.lrr=1", "train.steps=abc", "nosection.x=1"])
     assert all(k in str(e.value) for k in ("optim.lrr", "train.steps", "nosection")), str(e.value)
+    with pytest.raises(ConfigError) as e:  # every kind at once: a malformed override, an unknown key, a wrong
+        load_config(None, ["oops", "optim.lrr=1", "train.steps=abc", "optim.lr=inf",  # type, a range, a choice
+                           "algorithm.baseline=nope"])
+    msg = str(e.value)
+    for part in ("'oops' is not of the form", "optim.lrr", "train.steps", "'optim.lr': must be in",
+                 "unknown estimator 'nope'"):
+        assert part in msg, (part, msg)
+    with pytest.raises(ConfigError) as e:  # a key that did not parse keeps its default: no second message for it
+        load_config(None, ["optim.lr=abc"])
+    assert str(e.value).count("optim.lr") == 1, str(e.value)
 
 
 def test_cross_key_rules_and_help_show_the_ranges():
