@@ -1,5 +1,6 @@
 """``oblr eval``: its flags (:func:`register_cli`), what ``--model`` names (:func:`resolve_model_arg`: a model
-folder, or a run folder's newest intact checkpoint and its task) and the command (:func:`run_cli`: every flag
+folder, or a run folder's newest intact checkpoint and its task; :func:`lora_base`: the base model a LoRA
+checkpoint's adapters attach to) and the command (:func:`run_cli`: every flag
 checked before the model loads, then :func:`oblr.evaluate.evaluate`). The metrics and the benchmark runs are
 :mod:`oblr.evaluate`, whose docstring is the command's ``--help`` description."""
 
@@ -24,12 +25,21 @@ def resolve_model_arg(model: str) -> tuple[str, dict | None]:
     A folder holding ``config.json`` is a saved model (a checkpoint folder is one) and is loaded as it is. A
     run folder of ``oblr train`` (``config.yaml`` + ``checkpoints/``) gives its newest intact checkpoint
     (:func:`oblr.train.checkpoint.latest_checkpoint`, damaged ones passed over with a warning) and its config
-    (a dict, read as saved). Any other folder, or a run folder without a complete checkpoint, is refused with
+    (a dict, read as saved). A LoRA checkpoint (``adapter_config.json``, no ``config.json``) is returned as it is,
+    with the config of the run that holds it when it lies in one (``RUN/checkpoints/step_N``): :func:`lora_base`
+    finds its base model. Any other folder, or a run folder without a complete checkpoint, is refused with
     one line (``FileNotFoundError``) before any model loads. Anything that is not a folder (``builtin``, a
     hub id, a missing path) is passed on to :func:`oblr.models.load_model_and_tokenizer`, which reports it.
     """
     path = Path(model).expanduser()
     if not path.is_dir() or (path / "config.json").is_file():
+        return model, None
+    if _is_adapter(path):  # a LoRA checkpoint given directly: the run it belongs to, if any, names its base
+        owner = path.parent.parent
+        if path.parent.name == "checkpoints" and (owner / "config.yaml").is_file():
+            from oblr.config import read_config_file
+
+            return model, read_config_file(owner / "config.yaml")
         return model, None
     is_run = (path / "config.yaml").is_file()
     if not is_run or not (path / "checkpoints").is_dir():
@@ -45,12 +55,66 @@ def resolve_model_arg(model: str) -> tuple[str, dict | None]:
     if ckpt is None:
         raise FileNotFoundError(f"--model {model}: run folder with no complete checkpoint under "
                                 f"{path / 'checkpoints'} (checkpoints/step_N with trainer_state.pt)")
-    if not (ckpt / "config.json").is_file():
-        lora = (ckpt / "adapter_config.json").is_file()
-        raise FileNotFoundError(f"--model {model}: its last checkpoint {ckpt} holds "
-                                f"{'LoRA adapters only' if lora else 'no config.json'}; oblr eval loads full models")
-    print(f"[eval] run folder {path}: evaluating its checkpoint {ckpt.name}", file=sys.stderr)
+    if not (ckpt / "config.json").is_file() and not _is_adapter(ckpt):
+        raise FileNotFoundError(f"--model {model}: its last checkpoint {ckpt} holds neither a model (config.json) "
+                                f"nor LoRA adapters (adapter_config.json)")
+    print(f"[eval] run folder {path}: evaluating its checkpoint {ckpt.name}"
+          f"{' (LoRA adapters)' if _is_adapter(ckpt) else ''}", file=sys.stderr)
     return str(ckpt), run
+
+
+def _is_adapter(path: Path) -> bool:
+    """A folder of LoRA adapters only (peft's ``save_pretrained``): ``adapter_config.json``, no ``config.json``."""
+    return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
+
+
+def lora_base(adapter_dir: str, run: dict | None, base: str | None = None) -> str:
+    """The base model the LoRA adapters in ``adapter_dir`` attach to: ``base`` when given (``--base-model``),
+    else the ``model.name_or_path`` of the run that trained them (plain ``builtin`` read as the run's task's
+    built-in model, as training read it), else the ``base_model_name_or_path`` peft wrote into
+    ``adapter_config.json``. When the run recorded the fingerprint of the weights it started from
+    (``code.json``'s ``start_model``) and the base named here is a local folder with other weights, refused
+    with one line (adapters trained on one base are wrong on another)."""
+    import json
+
+    from oblr.config import ModelConfig, TaskConfig
+    from oblr.models.task_builtins import builtin_for_task
+
+    if base is None and run is not None:
+        name = (run.get("model") or {}).get("name_or_path", ModelConfig.name_or_path)
+        base = builtin_for_task(name, (run.get("task") or {}).get("name", TaskConfig.name))
+    if base is None:
+        try:
+            base = json.loads((Path(adapter_dir) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        except (OSError, ValueError):
+            base = None
+    if not base:
+        raise FileNotFoundError(f"--model {adapter_dir}: LoRA adapters with no base model named (no run config.yaml "
+                                f"two folders up, no base_model_name_or_path in adapter_config.json); pass "
+                                f"--base-model PATH_OR_ID")
+    _check_start_model(adapter_dir, base)
+    return str(base)
+
+
+def _check_start_model(adapter_dir: str, base: str) -> None:
+    """Refuse a base whose local weights are not the ones the adapters' run started from (when both are known)."""
+    import json
+
+    from oblr.models import resolve_model_path
+    from oblr.provenance import model_fingerprint
+
+    code = Path(adapter_dir).parent.parent / "code.json"
+    try:
+        recorded = (json.loads(code.read_text()).get("start_model") or {}).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not recorded:
+        return
+    now = model_fingerprint(resolve_model_path(base))
+    if now is not None and now != recorded:
+        raise ValueError(f"--model {adapter_dir}: its run started from other weights (fingerprint {recorded[:12]}) "
+                         f"than the base model {base} holds now ({now[:12]}); the adapters only fit their own base: "
+                         f"pass --base-model with that base")
 
 
 def _run_task(run: dict) -> tuple[str, dict, int | None, int | None]:
@@ -71,6 +135,9 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model", required=True,
                    help="run folder of oblr train (its newest checkpoint), checkpoint or model directory, hub id, "
                         "or 'builtin'")
+    p.add_argument("--base-model", default=None,
+                   help="the base model of a LoRA checkpoint's adapters; default: the model its run trained "
+                        "(the run's config.yaml), else the base named in adapter_config.json")
     p.add_argument("--benchmarks", default=None,
                    help=f"comma-separated, from: {','.join(EVAL_BENCHMARKS)} or any registered task (`oblr tasks`); "
                         f"default: the task a run folder trained on, else gsm8k,math500")
@@ -111,6 +178,13 @@ def run_cli(args: argparse.Namespace) -> int:
     device = str(resolve_device(args.device))  # e.g. cuda on a machine without CUDA: one line, here
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     model_path, run = resolve_model_arg(args.model)
+    base = None
+    if _is_adapter(Path(model_path)):
+        base = lora_base(model_path, run, args.base_model)
+        print(f"[eval] LoRA adapters {model_path} on the base model {base}", file=sys.stderr)
+    elif args.base_model is not None:
+        raise ValueError(f"--base-model {args.base_model}: --model {args.model} is not a LoRA checkpoint "
+                         f"(only adapters take a base model)")
     limit, max_new_tokens, task_options = args.limit, args.max_new_tokens or 1024, None
     if args.benchmarks is None and run is not None:  # the task the run trained on, as its evaluation saw it
         name, options, eval_size, run_tokens = _run_task(run)
@@ -131,7 +205,12 @@ def run_cli(args: argparse.Namespace) -> int:
     if out is None:
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(args.model).rstrip("/").split("/")[-1]) or "model"
         out = Path("eval_out") / f"{tag}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    model, tokenizer = load_model_and_tokenizer(model_path, dtype=dtype, device=device)
+    if _is_adapter(Path(model_path)):
+        from oblr.models import load_lora_checkpoint
+
+        model, tokenizer = load_lora_checkpoint(model_path, base, dtype=dtype, device=device)
+    else:
+        model, tokenizer = load_model_and_tokenizer(model_path, dtype=dtype, device=device)
     engine = make_engine(args.engine, model, tokenizer, **{"batch_size": args.batch_size, **options})
     try:
         evaluate(model, tokenizer, names, n=args.n, temperature=args.temperature, top_p=args.top_p,

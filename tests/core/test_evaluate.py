@@ -163,7 +163,7 @@ def test_model_arg_takes_a_run_folders_newest_intact_checkpoint(tmp_path, capsys
     ("other", "neither a saved model (no config.json) nor an oblr run folder (config.yaml + checkpoints/step_N)"),
     ("no_checkpoints", "an oblr run folder without checkpoints/"),
     ("damaged_only", "run folder with no complete checkpoint under"),
-    ("lora", "holds LoRA adapters only"),
+    ("neither", "holds neither a model (config.json) nor LoRA adapters (adapter_config.json)"),
 ])
 def test_oblr_eval_refuses_a_folder_it_cannot_evaluate_in_one_line(tmp_path, capsys, layout, msg):
     from oblr.cli import main
@@ -175,8 +175,8 @@ def test_oblr_eval_refuses_a_folder_it_cannot_evaluate_in_one_line(tmp_path, cap
         (d / "config.yaml").write_text("task: {name: arithmetic}\n")
     if layout == "damaged_only":
         _fake_checkpoint(d, 5, state=False)
-    if layout == "lora":
-        (_fake_checkpoint(d, 5, model=False) / "adapter_config.json").write_text("{}")
+    if layout == "neither":
+        _fake_checkpoint(d, 5, model=False)
     assert main(["eval", "--model", str(d), "--device", "cpu", "--output-dir", str(tmp_path / "out")]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("warning")]
     assert len(err) == 1 and msg in err[0] and str(d) in err[0], err
@@ -224,3 +224,90 @@ def test_oblr_eval_on_a_run_folder_repeats_the_runs_greedy_accuracy(small_builti
     r = saved["results"]["arithmetic"]
     assert r["problems"] == 8 and saved["config"]["max_new_tokens"] == 24
     assert r["pass@1"] == pytest.approx(summary["eval_accuracy_greedy_final"])
+
+
+# ------------------------------------------------------------------------------------------ LoRA run folders
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A 2-step LoRA run of the built-in task from the shipped model (which gets rewards to learn from, so the
+    adapters move: a constant lr of 1e-2) and its summary; its checkpoints hold adapters only."""
+    from oblr.cli import main
+
+    run = tmp_path_factory.mktemp("lora") / "run"
+    assert main(["train", "model.lora_rank=4", "train.steps=2", "algorithm.lr_schedule=constant", "optim.lr=1e-2",
+                 "rollout.prompts_per_step=8", "rollout.group_size=4", "rollout.max_new_tokens=24",
+                 "task.eval_size=8", "train.eval_samples=2", "train.threads=1",
+                 "task.options={n_train: 200, n_eval: 20}", "--output-dir", str(run), "--quiet"]) == 0
+    ckpt = run / "checkpoints" / "step_000002"
+    assert (ckpt / "adapter_config.json").is_file() and not (ckpt / "config.json").is_file()
+    return run, json.loads((run / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("what", ["run", "checkpoint"])
+def test_oblr_eval_on_a_lora_run_repeats_the_runs_greedy_accuracy(lora_run, tmp_path, capsys, what):
+    """A LoRA run's checkpoint (adapters only), given as its run folder or as the checkpoint folder: the adapters
+    on the base model the run trained, not merged, so greedy pass@1 is the greedy accuracy the run logged."""
+    from oblr.cli import main
+
+    run, summary = lora_run
+    model = run if what == "run" else run / "checkpoints" / "step_000002"
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(model), "--device", "cpu", "--output-dir", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "on the base model builtin" in err and "task arithmetic" in err
+    r = json.loads((out / "results.json").read_text())["results"]["arithmetic"]
+    assert r["problems"] == 8 and r["pass@1"] == pytest.approx(summary["eval_accuracy_greedy_final"])
+
+
+def test_lora_base_is_refused_when_the_runs_start_weights_are_not_the_bases(lora_run, tmp_path, capsys):
+    """Adapters on another base would be evaluated wrong: a base whose weights differ from the fingerprint the run
+    recorded is refused in one line before any model loads; --base-model only for adapters; no base: named."""
+    import shutil
+
+    from oblr.cli import main
+
+    run, _ = lora_run
+    other = tmp_path / "run"
+    shutil.copytree(run, other)
+    code = json.loads((other / "code.json").read_text())
+    code["start_model"]["fingerprint"] = "0" * 64
+    (other / "code.json").write_text(json.dumps(code))
+    assert main(["eval", "--model", str(other), "--device", "cpu", "--output-dir", str(tmp_path / "o1")]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("oblr: error")]
+    assert len(err) == 1 and "started from other weights (fingerprint 000000000000)" in err[0], err
+    assert not (tmp_path / "o1").exists()
+
+    assert main(["eval", "--model", "builtin", "--base-model", "x", "--device", "cpu"]) == 2
+    assert "only adapters take a base model" in capsys.readouterr().err
+
+    alone = tmp_path / "adapters"  # adapters outside a run, their config naming no base
+    shutil.copytree(run / "checkpoints" / "step_000002", alone)
+    cfg = json.loads((alone / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = None
+    (alone / "adapter_config.json").write_text(json.dumps(cfg))
+    assert main(["eval", "--model", str(alone), "--device", "cpu", "--output-dir", str(tmp_path / "o2")]) == 2
+    assert "pass --base-model PATH_OR_ID" in capsys.readouterr().err
+
+
+def test_load_lora_checkpoint_is_the_trained_model_not_its_base(lora_run):
+    """The loaded adapters give the logits of the model training resumes from (base + wrap_lora + the saved
+    adapter weights), and not the base's: the adapters are there and attach where training put them."""
+    import torch
+
+    from oblr.models import load_lora_checkpoint, load_model_and_tokenizer, wrap_lora
+    from oblr.train.checkpoint import load_weights_into
+
+    run, _ = lora_run
+    ckpt = run / "checkpoints" / "step_000002"
+    model, tok = load_lora_checkpoint(ckpt, "builtin")
+    base, _ = load_model_and_tokenizer("builtin")
+    ids = tok(["12+7*3=", "4*(5-2)="], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        got = model(**ids).logits
+        plain = base(**ids).logits
+        ref = wrap_lora(base, rank=4, alpha=16.0, targets=["q_proj", "k_proj", "v_proj", "o_proj"])
+        load_weights_into(ref, ckpt)
+        ref.eval()
+        want = ref(**ids).logits
+    assert torch.equal(got, want)
+    assert (got - plain).abs().max() > 1e-4

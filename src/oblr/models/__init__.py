@@ -118,7 +118,7 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, build: bool = True, p
             raise FileNotFoundError(
                 f"model {name!r} is not a local directory and not in the local Hugging Face cache; "
                 f"HF_HUB_OFFLINE is set, so hub downloads are not attempted. Fix: pass a local directory, "
-                f"download it first on a machine with network (huggingface-cli download {name}), or unset "
+                f"download it first on a machine with network (hf download {name}), or unset "
                 f"HF_HUB_OFFLINE. ({type(e).__name__})") from None
     return _hub_or_cache(name)
 
@@ -150,7 +150,7 @@ def _hub_or_cache(name: str) -> Path | str:
         f"model {name!r} is not a local directory, not in the local Hugging Face cache, and the hub "
         f"({constants.ENDPOINT}) cannot be reached ({reason}), so nothing can be downloaded. Fix: pass a local "
         f"directory saved with save_pretrained or 'builtin', or download it on a machine with network "
-        f"(huggingface-cli download {name}) and run offline with HF_HUB_OFFLINE=1")
+        f"(hf download {name}) and run offline with HF_HUB_OFFLINE=1")
 
 
 def task_model_dir(spec) -> Path:
@@ -282,6 +282,24 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, *, dtype: str = "f
         model.config.pad_token_id = tokenizer.pad_token_id
     if not any(p.device.type == "meta" for p in model.parameters()):
         model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def load_lora_checkpoint(adapter_dir: str | os.PathLike, base: str | os.PathLike, *, dtype: str = "float32",
+                         device: str = "cpu", trust_remote_code: bool = False):
+    """``(model, tokenizer)``: the base model ``base`` (anything :func:`load_model_and_tokenizer` takes) with the
+    LoRA adapters saved in ``adapter_dir`` (a LoRA run's checkpoint: ``adapter_config.json`` +
+    ``adapter_model.safetensors``) attached as in training, not merged, so the forward is the one the run's own
+    evaluation computed. In eval mode on ``device``."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ImportError("evaluating a LoRA checkpoint needs peft (pip install peft)") from None
+    model, tokenizer = load_model_and_tokenizer(base, dtype=dtype, device=device,
+                                                trust_remote_code=trust_remote_code)
+    model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+    model.to(device)
     model.eval()
     return model, tokenizer
 
