@@ -5,7 +5,8 @@
     python benchmarks/default_run.py check --seed 3 --keep runs/check # an unseen seed; keep its run folder
 
 The default run is ``oblr train train.threads=1 train.seed=K`` (the built-in arithmetic task and the shipped
-built-in model; one torch thread because the sampled tokens depend on the float summation order, which the
+built-in model; run with ``model.device=cpu``, which is what ``auto`` resolves to on the CPU machine the claim was
+measured on, so that a machine with a GPU checks the same computation; one torch thread because the sampled tokens depend on the float summation order, which the
 thread count changes). ``measure`` runs it for each seed (``--jobs`` at a time), keeps each run's
 ``config.yaml`` and ``summary.json`` under ``--out`` (default ``benchmarks/results/default-run``) and writes
 ``claim.json`` (start and final held-out accuracy per seed, mean and sample std over seeds) and ``claim.md``
@@ -48,8 +49,9 @@ KEYS = ("eval_accuracy_initial", "eval_accuracy_final", "eval_accuracy_greedy_in
 
 
 def command(seed: int, out_dir: Path) -> list[str]:
-    """The default run, one thread, seed ``seed``, into ``out_dir``."""
-    return [sys.executable, "-m", "oblr", "train", "train.threads=1", f"train.seed={seed}",
+    """The default run, one thread, seed ``seed``, into ``out_dir``, on the CPU: the default ``model.device=auto``
+    would take a GPU where there is one, and the claim was measured on CPU-only machines."""
+    return [sys.executable, "-m", "oblr", "train", "model.device=cpu", "train.threads=1", f"train.seed={seed}",
             "--output-dir", str(out_dir)]
 
 

@@ -26,7 +26,7 @@ def opt(default, help: str, **kw):
 @dataclass
 class ModelConfig:
     name_or_path: str = opt("builtin", "Hugging Face checkpoint directory or hub id; 'builtin' = the tiny "
-                                       "arithmetic model oblr builds and caches on first use")
+                                       "model of the task, shipped with oblr (oblr models list)")
     dtype: str = opt("float32", "parameter dtype", choices="oblr.models:DTYPES")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N | mps (checked against this machine before the model "
                               "loads)")

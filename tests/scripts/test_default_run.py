@@ -32,7 +32,8 @@ def test_claim_and_verdicts_by_hand():
     assert not ok and "OUTSIDE" in lines[0]
     table = dr.claim_table(claim)
     assert "| 1 | 18.0% | 38.0% | 50.0% | 55.0% | 100 |" in table and "38.0% ± 2.0%" in table
-    assert dr.command(3, Path("/x"))[-5:] == ["train", "train.threads=1", "train.seed=3", "--output-dir", "/x"]
+    assert dr.command(3, Path("/x"))[-6:] == ["train", "model.device=cpu", "train.threads=1", "train.seed=3",
+                                              "--output-dir", "/x"]
 
 
 def test_keep_copies_the_record_with_the_start_model_and_no_machine_path(tmp_path):

