@@ -166,7 +166,7 @@ def test_missing_gguf_package_is_one_line(monkeypatch, tmp_path, tiny_wheel):
         return real(dist)
 
     monkeypatch.setattr(metadata, "version", version)
-    with pytest.raises(prep.PrepareError, match=r"needs the gguf package: pip install 'oblr\[gguf\]'"):
+    with pytest.raises(prep.PrepareError, match=r"needs the gguf package: pip install gguf \(in a clone of oblr: pip install -e '\.\[gguf\]'\)$"):
         prep.prepare_model(NAME, from_wheel=tiny_wheel[0], out=tmp_path / "o", progress=None)
 
 
