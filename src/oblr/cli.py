@@ -1,6 +1,7 @@
-"""Command line: ``oblr train | eval | compare | report | proxy-study | models | tasks``.
+"""Command line: ``oblr train | eval | export | compare | report | proxy-study | models | tasks``.
 
-Each subcommand's options live beside its implementation (``oblr eval``: :mod:`oblr.evaluate_cli`; ``compare``,
+Each subcommand's options live beside its implementation (``oblr eval``: :mod:`oblr.evaluate_cli`; ``export``:
+:mod:`oblr.export_cli`; ``compare``,
 ``report``, ``proxy-study``: :mod:`oblr.experiments.runner`; ``models``: :mod:`oblr.models.cli`); this
 module assembles the parser, defines ``train`` and ``tasks``, loads plugins (``--plugin MODULE`` and the
 ``oblr.plugins`` entry points, :mod:`oblr.plugins`) before anything is parsed or validated, and turns bad
@@ -117,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"oblr {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _train_parser(sub)
-    for modname in ("oblr.evaluate_cli", "oblr.experiments.runner", "oblr.models.cli"):
+    for modname in ("oblr.evaluate_cli", "oblr.export_cli", "oblr.experiments.runner", "oblr.models.cli"):
         try:
             mod = __import__(modname, fromlist=["register_cli"])
         except ModuleNotFoundError as e:

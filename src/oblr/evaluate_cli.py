@@ -19,8 +19,9 @@ from oblr.tasks.math import EVAL_BENCHMARKS
 from oblr.tasks.templates import TEMPLATES
 
 
-def resolve_model_arg(model: str) -> tuple[str, dict | None]:
-    """``(what to load, the run's config or None)`` for ``oblr eval --model``.
+def resolve_model_arg(model: str, command: str = "eval") -> tuple[str, dict | None]:
+    """``(what to load, the run's config or None)`` for ``oblr eval --model`` (and ``oblr export --model``: its
+    ``command`` name prefixes the line saying which checkpoint a run folder gives).
 
     A folder holding ``config.json`` is a saved model (a checkpoint folder is one) and is loaded as it is. A
     run folder of ``oblr train`` (``config.yaml`` + ``checkpoints/``) gives its newest intact checkpoint
@@ -58,7 +59,7 @@ def resolve_model_arg(model: str) -> tuple[str, dict | None]:
     if not (ckpt / "config.json").is_file() and not _is_adapter(ckpt):
         raise FileNotFoundError(f"--model {model}: its last checkpoint {ckpt} holds neither a model (config.json) "
                                 f"nor LoRA adapters (adapter_config.json)")
-    print(f"[eval] run folder {path}: evaluating its checkpoint {ckpt.name}"
+    print(f"[{command}] run folder {path}: {'evaluating' if command == 'eval' else 'its'} checkpoint {ckpt.name}"
           f"{' (LoRA adapters)' if _is_adapter(ckpt) else ''}", file=sys.stderr)
     return str(ckpt), run
 

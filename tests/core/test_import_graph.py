@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("oblr.models",)),
     ("tracking", ("oblr.tracking",)),
     ("train", ("oblr.train",)),
-    ("adapters and evaluation", ("oblr.integrations", "oblr.evaluate", "oblr.evaluate_cli")),
+    ("adapters and evaluation", ("oblr.integrations", "oblr.evaluate", "oblr.evaluate_cli", "oblr.export_cli")),
     ("experiments", ("oblr.experiments",)),
     ("entry points", ("oblr.launch", "oblr.cli", "oblr.__main__")),
 ]
