@@ -9,6 +9,7 @@ Only rank 0 writes: one metrics file, rows with no duplicates.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -168,6 +169,14 @@ def test_fsdp_run_resumes_after_a_kill_and_ends_with_a_consolidated_checkpoint(s
     load_sharded_weights(last / "sharded", from_shards)  # the same step's shards, read in one process
     assert all(torch.equal(v, sd[n]) for n, v in from_shards.state_dict().items())
     mid, _ = load_model_and_tokenizer(str(before))  # a sharded-only checkpoint also loads in one process
+    from oblr.cli import main as oblr_main
+
+    exported = tmp_path / "exported"  # and `oblr export` writes it as an ordinary model folder
+    assert oblr_main(["export", "--model", str(before), "--out", str(exported)]) == 0
+    assert json.loads((exported / "oblr_export.json").read_text())["what"] == "shards gathered"
+    assert (exported / "model.safetensors").is_file() and not (exported / "sharded").exists()
+    gathered = load_model_and_tokenizer(str(exported))[0].state_dict()
+    assert all(torch.equal(v, gathered[n]) for n, v in mid.state_dict().items())
     start, _ = load_model_and_tokenizer(small_builtin)
     assert all(not torch.equal(v, mid.state_dict()[n]) for n, v in start.state_dict().items())  # training moved them
     resumed = load_model_and_tokenizer(str(killed / "checkpoints" / last.name))[0].state_dict()
