@@ -17,7 +17,8 @@ saved (default ``auto``: the dtype the source's weights were saved in; for adapt
 tokenizer is saved beside the weights, and ``oblr_export.json`` records the source, its step, what was done
 and the dtype. Everything is checked before a model loads (an existing ``--out`` is refused, never
 overwritten), and the folder is written under a hidden name beside ``--out`` and renamed when complete: an
-interrupted export leaves no half-written model where a server would read it.
+interrupted export leaves no half-written model where a server would read it (an export killed outright
+leaves its hidden folder, which the next export to the same ``--out`` removes).
 """
 
 from __future__ import annotations
@@ -96,6 +97,25 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remove_orphans(out: Path) -> None:
+    """Delete the hidden folders that exports to ``out`` killed before their rename left (``.NAME.tmpPID`` of a
+    process that is gone, or of this process's id reused); one of another live process (an export running now)
+    is left alone."""
+    for tmp in out.parent.glob(f".{out.name}.tmp*"):
+        pid = tmp.name.rsplit(".tmp", 1)[1]
+        if not pid.isdigit():
+            continue
+        if int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)
+                continue  # alive
+            except ProcessLookupError:
+                pass
+            except PermissionError:  # alive, another user's
+                continue
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def export_model(model_path: str | os.PathLike, out: str | os.PathLike, *, base: str | None = None,
                  dtype: str = "float32") -> Path:
     """Write the model at ``model_path`` (a model or checkpoint folder, or LoRA adapters when ``base`` is given)
@@ -119,8 +139,8 @@ def export_model(model_path: str | os.PathLike, out: str | os.PathLike, *, base:
     if source.name.startswith("step_") and source.name[5:].isdigit():
         step = int(source.name[5:])
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_orphans(out)
     tmp = out.parent / f".{out.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -6,6 +6,8 @@ checkpoint) is in tests/distributed/test_distributed_train.py, where such a chec
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -133,5 +135,15 @@ def test_export_refuses_before_loading_and_an_interrupted_export_leaves_nothing(
     monkeypatch.undo()
     empty = tmp_path / "empty"  # an empty folder is taken (e.g. made by a job script) and filled
     empty.mkdir()
-    assert oblr.export_cli.export_model(ckpt, empty).name == "empty"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # the folder of an export killed outright (its process gone) is removed; a live one's stays
+    (tmp_path / f".empty.tmp{dead.pid}").mkdir()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / f".empty.tmp{live.pid}").mkdir()
+        assert oblr.export_cli.export_model(ckpt, empty).name == "empty"
+        assert [p.name for p in tmp_path.glob(".empty.tmp*")] == [f".empty.tmp{live.pid}"]
+    finally:
+        live.kill()
+        live.wait()
     assert "model.safetensors" in _files(empty)
