@@ -71,7 +71,7 @@ def check_out(out: str | os.PathLike) -> Path:
     path = Path(out).expanduser()
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ValueError(f"--out {out}: exists and is not an empty folder; an export never overwrites, "
-                              f"so name a new folder")
+                         f"so name a new folder")
     if path.parent.exists() and not path.parent.is_dir():
         raise ValueError(f"--out {out}: its parent {path.parent} is not a folder")
     return path
@@ -124,6 +124,7 @@ def export_model(model_path: str | os.PathLike, out: str | os.PathLike, *, base:
     import torch
 
     from oblr.models import is_sharded_checkpoint, load_lora_checkpoint, load_model_and_tokenizer
+    from oblr.train.checkpoint import checkpoint_step
 
     out = check_out(out)
     source = Path(model_path)
@@ -135,16 +136,14 @@ def export_model(model_path: str | os.PathLike, out: str | os.PathLike, *, base:
         what = "shards gathered" if is_sharded_checkpoint(source) else "weights as saved"
         model, tokenizer = load_model_and_tokenizer(model_path, dtype="float32", device="cpu")
     model.to(getattr(torch, dtype))
-    step = None
-    if source.name.startswith("step_") and source.name[5:].isdigit():
-        step = int(source.name[5:])
+    step = checkpoint_step(source)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_orphans(out)
     tmp = out.parent / f".{out.name}.tmp{os.getpid()}"
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        record = {"source": str(source.resolve()), "step": step, "what": what, "base_model": base, "dtype": dtype}
+        record = {"source": str(source.resolve()), "step": None if step < 0 else step, "what": what, "base_model": base, "dtype": dtype}
         (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
         if out.exists():  # an empty folder (check_out let it pass): replaced by the complete one
             out.rmdir()
