@@ -12,8 +12,9 @@ train on elsewhere.
   ``oblr eval`` finds it; ``--base-model`` overrides; a base with other weights than the run started from is
   refused), so the folder loads without peft.
 
-Every case loads in float32 on the CPU, so a merge is computed in float32, and is cast to ``--dtype`` only when
-saved (default ``auto``: the dtype the source's weights were saved in; for adapters, their base's). The
+Every case loads in float32 on ``--device`` (default ``cpu``: 4 bytes per parameter of memory; ``cuda`` merges on
+the GPU, the weights moved back to the CPU to be written), so a merge is computed in float32, and is cast to
+``--dtype`` only when saved (default ``auto``: the dtype the source's weights were saved in; for adapters, their base's). The
 tokenizer is saved beside the weights, and ``oblr_export.json`` records the source, its step, what was done
 and the dtype. Everything is checked before a model loads (an existing ``--out`` is refused, never
 overwritten), and the folder is written under a hidden name beside ``--out`` and renamed when complete: an
@@ -50,6 +51,9 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
                         "(the run's config.yaml), else the base named in adapter_config.json")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="dtype of the written weights; auto (default): the dtype the source was saved in")
+    p.add_argument("--device", default="cpu",
+                   help="where the model is loaded and adapters merged, in float32: cpu (default), cuda, cuda:N, mps; "
+                        "a device this machine lacks is refused before anything loads")
     p.set_defaults(func=run_cli)
     return p
 
@@ -78,7 +82,12 @@ def check_out(out: str | os.PathLike) -> Path:
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    from oblr.distributed.env import resolve_device
+
     out = check_out(args.out)
+    if args.device == "auto":
+        raise ValueError("--device auto: name the device (cpu, cuda, cuda:N, mps); an export does not pick one")
+    device = str(resolve_device(args.device))  # one line on a machine without it, before any model loads
     model_path, run = resolve_model_arg(args.model, "export")
     source = Path(model_path)
     if _is_adapter(source):
@@ -92,7 +101,7 @@ def run_cli(args: argparse.Namespace) -> int:
     else:
         base = None
         dtype = saved_dtype(source) if args.dtype == "auto" else args.dtype
-    written = export_model(model_path, out, base=base, dtype=dtype)
+    written = export_model(model_path, out, base=base, dtype=dtype, device=device)
     print(f"[export] {written}: {json.loads((written / RECORD).read_text())['what']}, {dtype}", file=sys.stderr)
     return 0
 
@@ -117,10 +126,10 @@ def _remove_orphans(out: Path) -> None:
 
 
 def export_model(model_path: str | os.PathLike, out: str | os.PathLike, *, base: str | None = None,
-                 dtype: str = "float32") -> Path:
+                 dtype: str = "float32", device: str = "cpu") -> Path:
     """Write the model at ``model_path`` (a model or checkpoint folder, or LoRA adapters when ``base`` is given)
     to the new folder ``out`` as a plain Hugging Face model in ``dtype``; returns ``out``. Loaded in float32 on
-    the CPU (adapters merged there), cast when saved; written beside ``out`` under a hidden name and renamed."""
+    ``device`` (adapters merged there), cast and moved to the CPU when saved; written beside ``out`` under a hidden name and renamed."""
     import torch
 
     from oblr.models import is_sharded_checkpoint, load_lora_checkpoint, load_model_and_tokenizer
@@ -129,13 +138,13 @@ def export_model(model_path: str | os.PathLike, out: str | os.PathLike, *, base:
     out = check_out(out)
     source = Path(model_path)
     if base is not None:
-        model, tokenizer = load_lora_checkpoint(model_path, base, dtype="float32", device="cpu")
+        model, tokenizer = load_lora_checkpoint(model_path, base, dtype="float32", device=device)
         model = model.merge_and_unload()
         what = f"LoRA adapters merged into {base}"
     else:
         what = "shards gathered" if is_sharded_checkpoint(source) else "weights as saved"
-        model, tokenizer = load_model_and_tokenizer(model_path, dtype="float32", device="cpu")
-    model.to(getattr(torch, dtype))
+        model, tokenizer = load_model_and_tokenizer(model_path, dtype="float32", device=device)
+    model.to(getattr(torch, dtype)).to("cpu")
     step = checkpoint_step(source)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_orphans(out)

@@ -115,12 +115,15 @@ def test_export_refuses_before_loading_and_an_interrupted_export_leaves_nothing(
         (["--model", str(ckpt), "--out", str(tmp_path / "a"), "--base-model", "builtin"],
          "only adapters take a base model"),
         (["--model", str(tmp_path / "taken"), "--out", str(tmp_path / "b")], "neither a saved model"),
-    ]:
+        (["--model", str(ckpt), "--out", str(tmp_path / "c"), "--device", "auto"], "name the device"),
+        (["--model", str(ckpt), "--out", str(tmp_path / "d"), "--device", "gpu7"], "is not auto, cpu"),
+    ] + ([] if torch.cuda.is_available() else [
+        (["--model", str(ckpt), "--out", str(tmp_path / "e"), "--device", "cuda"], "has no CUDA device")]):
         assert main(["export", *argv]) == 2
         err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("oblr: error")]
         assert len(err) == 1 and msg in err[0], (argv, err)
     assert _files(taken) == ["notes.txt"] and (taken / "notes.txt").read_text() == "mine"
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert not any((tmp_path / x).exists() for x in "abcde")
 
     before = {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()}
 
