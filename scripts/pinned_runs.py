@@ -1,0 +1,221 @@
+"""Run grid rows at a pinned commit in the background, and import the finished runs into the repository.
+
+    python scripts/pinned_runs.py run QUEUE --work DIR [--jobs 2]
+    python scripts/pinned_runs.py import DIR/out/LABEL benchmarks/results/paper-regime/LABEL
+
+A long grid must not move when the code does: each row trains at the commit it is pinned to, in a ``git
+worktree`` of that commit, while this checkout goes on changing. ``QUEUE`` is a text file, one run per line
+(``#`` starts a comment)::
+
+    PIN LABEL CONFIG ROW SEED
+
+``PIN`` a commit; ``LABEL`` the group the run belongs to (``countdown-sgd``: the folder it is imported into);
+``CONFIG`` an ``oblr compare`` grid file, read from this checkout (the pinned code reads it as it is);
+``ROW`` one of its ``runs`` names; ``SEED`` one seed (inside or outside the file's list).
+
+``run`` checks every line before anything starts (the commit exists, the file parses, the row is in it, the seed
+is an integer) and refuses the whole queue with the line number of the first bad one. Then, ``--jobs`` at a time,
+it makes ``DIR/pins/PIN`` (a detached worktree, reused when there), cuts the file down to that one row and seed
+(``DIR/configs``: a row trains the same whether its file holds it alone or among others, and a commit older than
+``--only`` / ``--seeds`` runs it too) and calls ``python -m oblr compare --config CUT --out
+DIR/out/LABEL/ROW-sSEED --jobs 1 train.threads=1`` with ``PYTHONPATH`` at the worktree's ``src``, one thread, its
+output in ``DIR/logs``. It prints one line per run started and finished. Started again after an interrupt, it
+resumes: ``oblr compare`` reuses a completed run and resumes one with a checkpoint.
+
+``import`` copies each completed run under ``DIR/out/LABEL/*/ROW/seedK`` (its ``metrics.jsonl``,
+``summary.json``, ``config.yaml``, ``code.json``) to ``DEST/ROW/seedK``, rewriting the run folder's absolute
+path to the repository-relative destination, and refuses a file that would still name an absolute path of this
+machine. A destination that exists is left alone (said so), never overwritten; an unfinished run is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the files of a run folder that the repository keeps (plots and samples are regenerated, not committed)
+KEPT = ("metrics.jsonl", "summary.json", "config.yaml", "code.json")
+
+
+@dataclass(frozen=True)
+class Job:
+    line: int
+    pin: str
+    label: str
+    config: Path
+    row: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.row}-s{self.seed}"
+
+
+def parse_queue(path: Path, root: Path = ROOT) -> list[Job]:
+    """The queue's jobs, every line checked; ``ValueError`` names the first bad line."""
+    jobs = []
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        text = raw.split("#", 1)[0].strip()
+        if not text:
+            continue
+        where = f"{path}:{number}"
+        parts = text.split()
+        if len(parts) != 5:
+            raise ValueError(f"{where}: expected 'PIN LABEL CONFIG ROW SEED', got {len(parts)} fields: {text!r}")
+        pin, label, config, row, seed = parts
+        if "/" in label or label in (".", ".."):
+            raise ValueError(f"{where}: LABEL {label!r} must be a plain folder name")
+        try:
+            seed_value = int(seed)
+        except ValueError:
+            raise ValueError(f"{where}: SEED {seed!r} is not an integer") from None
+        config_path = Path(config) if Path(config).is_absolute() else root / config
+        if not config_path.is_file():
+            raise ValueError(f"{where}: CONFIG {config} not found")
+        try:
+            grid = yaml.safe_load(config_path.read_text())
+            names = [r["name"] for r in grid["runs"]]
+        except (yaml.YAMLError, KeyError, TypeError) as exc:
+            raise ValueError(f"{where}: CONFIG {config} is not an oblr compare grid file ({exc})") from None
+        if row not in names:
+            raise ValueError(f"{where}: ROW {row!r} is not in {config} (its rows: {', '.join(names)})")
+        check = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "--quiet", f"{pin}^{{commit}}"],
+                               capture_output=True, text=True)
+        if check.returncode != 0:
+            raise ValueError(f"{where}: PIN {pin!r} is not a commit of this repository")
+        jobs.append(Job(number, pin, label, config_path, row, seed_value))
+    if not jobs:
+        raise ValueError(f"{path}: no runs in the queue")
+    return jobs
+
+
+def cut_config(config: Path, row: str, seed: int, out: Path) -> Path:
+    """Write ``config`` reduced to the one row and seed to ``out``."""
+    grid = yaml.safe_load(config.read_text())
+    grid["runs"] = [r for r in grid["runs"] if r["name"] == row]
+    grid["seeds"] = [seed]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(grid, sort_keys=False))
+    return out
+
+
+def worktree(pin: str, work: Path, root: Path = ROOT) -> Path:
+    """``work/pins/PIN``, a detached worktree of the commit (made once; a folder already there is reused)."""
+    path = work / "pins" / pin
+    if not (path / "src" / "oblr").is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(path), pin], check=True,
+                       capture_output=True, text=True)
+    return path
+
+
+def data_dir(root: Path = ROOT) -> str:
+    return os.environ.get("OBLR_DATA_DIR") or str(root.parent / "shared" / "data")
+
+
+def run_job(job: Job, work: Path, root: Path = ROOT) -> int:
+    tree = worktree(job.pin, work, root)
+    cut = cut_config(job.config, job.row, job.seed, work / "configs" / job.label / f"{job.name}.yaml")
+    out = work / "out" / job.label / job.name
+    log = work / "logs" / job.label / f"{job.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"), OBLR_DATA_DIR=data_dir(root),
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "oblr", "compare", "--config", str(cut), "--out", str(out), "--jobs", "1",
+           "train.threads=1"]
+    start = time.time()
+    print(f"[pinned] start  {job.pin} {job.label}/{job.name} (queue line {job.line}; log {log})", flush=True)
+    with log.open("a") as handle:
+        code = subprocess.run(cmd, cwd=tree, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
+    status = "done" if code == 0 else f"FAILED (exit {code}; see the log)"
+    print(f"[pinned] {status:6} {job.pin} {job.label}/{job.name} in {(time.time() - start) / 60:.1f} min",
+          flush=True)
+    return code
+
+
+def import_runs(source: Path, dest: Path, root: Path = ROOT) -> list[str]:
+    """Copy the completed runs under ``source/*/ROW/seedK`` to ``dest/ROW/seedK``; returns one line per run."""
+    dest_rel = dest.resolve().relative_to(root.resolve()).as_posix() if dest.is_absolute() else dest.as_posix()
+    dest_abs = root / dest_rel
+    machine = str(source.resolve().parents[1])  # DIR of DIR/out/LABEL: worktrees, cut configs, runs
+    said = []
+    for seed_dir in sorted(source.resolve().glob("*/*/seed*")):
+        summary = seed_dir / "summary.json"
+        label = f"{seed_dir.parent.name}/{seed_dir.name}"
+        if not summary.is_file() or '"status": "completed"' not in summary.read_text():
+            said.append(f"skipped {label}: not completed")
+            continue
+        rel = f"{dest_rel}/{label}"
+        target = root / rel
+        if target.exists():
+            said.append(f"left alone {rel}: already there")
+            continue
+        texts = {}
+        for name in KEPT:
+            text = (seed_dir / name).read_text().replace(str(seed_dir), rel)
+            leftover = [line for line in text.splitlines() if machine in line]
+            if leftover:
+                raise ValueError(f"{seed_dir / name}: still names a path of this machine: {leftover[0][:200]}")
+            texts[name] = text
+        staging = dest_abs / f".{seed_dir.parent.name}-{seed_dir.name}.importing"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for name, text in texts.items():
+            (staging / name).write_text(text)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(target)
+        said.append(f"imported {rel}")
+    if not said:
+        said.append(f"nothing to import under {source} (expected {source}/*/ROW/seedK)")
+    return said
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a queue of pinned rows in the background, --jobs at a time")
+    run.add_argument("queue", type=Path)
+    run.add_argument("--work", type=Path, required=True, help="folder for worktrees, cut configs, runs and logs")
+    run.add_argument("--jobs", type=int, default=2)
+    imp = sub.add_parser("import", help="copy completed runs into the repository, paths made relative")
+    imp.add_argument("source", type=Path, help="DIR/out/LABEL of a `run`")
+    imp.add_argument("dest", type=Path, help="a folder inside the repository, e.g. benchmarks/results/paper-regime/LABEL")
+    args = parser.parse_args(argv)
+    if args.command == "import":
+        try:
+            for line in import_runs(args.source, args.dest):
+                print(line)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    try:
+        jobs = parse_queue(args.queue)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    work = args.work.resolve()
+    for pin in dict.fromkeys(job.pin for job in jobs):  # made one by one before the runs start in parallel
+        worktree(pin, work)
+    print(f"[pinned] {len(jobs)} runs, {args.jobs} at a time, into {work}", flush=True)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        codes = list(pool.map(lambda job: run_job(job, work), jobs))
+    failed = sum(code != 0 for code in codes)
+    print(f"[pinned] {len(codes) - failed} done, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
