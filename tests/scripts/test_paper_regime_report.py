@@ -174,3 +174,34 @@ def test_a_run_whose_summary_says_interrupted_is_unfinished(tmp_path):
     (cut / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
     (p,) = [prr.point(v) for v in prr.collect([tmp_path]).values()]
     assert p["final"] == [0.30, 0.32] and p["seeds"] == [0, 1] and p["missing"] == [2]
+
+
+def test_plateau_step_is_the_first_evaluation_within_two_points_of_the_best():
+    evals = [(0, 0.20), (100, 0.50), (200, 0.61), (300, 0.625), (400, 0.64), (500, 0.63)]
+    assert prr.plateau_step(evals) == 300  # best 64.0 at 400; 61.0 is 3.0 below, 62.5 within 2
+    assert prr.plateau_step(evals, tol=0.5) == 400
+    assert prr.plateau_step([(0, 0.2), (100, 0.5)]) == 100  # still improving: the last evaluation
+    assert prr.plateau_step([]) is None
+
+
+def test_long_runs_get_a_table_and_curves_and_short_runs_do_not(tmp_path):
+    runs = tmp_path / "runs"
+    _run(runs, "grpo-0.1", 0, lr=0.1, final=0.3)  # 50 steps: not in the long-run table
+    _run(runs, "grpo-long", 0, lr=0.1, steps=300, final=0.6,
+         evals=((0, 0.2), (100, 0.5), (150, 0.55), (200, 0.6), (300, 0.59)))
+    _run(runs, "snr-long", 1, baseline="oblr", schedule="snr", lr=3.0, steps=300,  # unfinished at step 2
+         evals=((0, 0.2), (100, 0.45)))
+    raw = prr.collect([runs])
+    md = prr.long_runs(raw)
+    lines = [line for line in md.splitlines() if line.startswith("| arithmetic")]
+    assert len(lines) == 2 and "| step 0 | step 100 | step 200 | step 300 |" in md
+    assert lines[0] == "| arithmetic | sgd | grpo-const | 0.1 | 0 | 300 | 20.0 | 50.0 | 60.0 | 59.0 | 60.0 (200) | 200 |"
+    assert lines[1].startswith("| arithmetic | sgd | oblr-snr-ema | 3 | 1 | 300 (unfinished: 2 steps) | 20.0 | 45.0 | - | - |")
+    out = tmp_path / "out"
+    assert prr.main(["--runs", str(runs), "--out", str(out)]) == 0
+    assert (out / "curves.png").stat().st_size > 0 and "How long the runs keep improving" in (out / "grid.md").read_text()
+    short = tmp_path / "short"
+    _run(short, "grpo-0.1", 0, lr=0.1, final=0.3)
+    assert prr.long_runs(prr.collect([short])) == ""
+    assert prr.main(["--runs", str(short), "--out", str(tmp_path / "out2")]) == 0
+    assert not (tmp_path / "out2" / "curves.png").exists()
