@@ -22,8 +22,9 @@ greedy accuracy.
 Across tasks (same optimizer, N and steps): the rate each task needed (its best GRPO fixed rate) and the
 ``eta_max`` each factor rule would have needed to apply it on average (best rate / the rule's mean factor), with
 the spread over tasks: what one ``eta_max`` for every task requires of a factor.
-How long training keeps improving: for every run of 200 steps or more, the held-out accuracy every 100 steps,
-its best evaluation, and the first step within 2 points of that best (``curves.png``: accuracy against the step).
+How long training keeps improving: for every run of 200 steps or more, the mean held-out accuracy of each 100-step
+block, its best evaluation, and the first block within 2 points of its best block (``curves.png``: accuracy against
+the step).
 Writes ``grid.md``, ``grid.json`` and ``grid.png`` (accuracy against the rate, one panel per task and
 optimizer) into ``--out`` and, with ``--results-doc``, its own marked section of that document.
 """
@@ -267,47 +268,69 @@ def needed_rates(points: dict) -> str:
     return "\n".join(out).rstrip() + "\n" if out else ""
 
 
-#: a run is "within reach of its best" from the first evaluation at most this far below its best (held-out
-#: accuracy, points): a little over one evaluation's binomial standard error on these tasks' held-out sets
-#: (200 problems x 4 samples: 1.7 points at 60 %; with the problems fixed only the sampling varies, whose standard
-#: error is at most that)
+#: a run has stopped improving from the first 100-step block whose mean held-out accuracy is at most this far below
+#: its best block's (points): about two standard errors of a block mean (each evaluation 200 problems x 4
+#: samples, binomial standard error at most 1.7 points at 60 %; a block of four evaluations, about 0.9)
 PLATEAU_POINTS = 2.0
 #: runs at least this long get the long-run table and curves (the grid's runs are 100 steps)
 LONG_STEPS = 200
+BLOCK = 100
 
 
-def plateau_step(evals: list[tuple[int, float]], tol: float = PLATEAU_POINTS) -> int | None:
-    """The first evaluation step whose accuracy is within ``tol`` points of the run's best evaluation."""
-    if not evals:
+def block_means(evals: list[tuple[int, float]], steps: int, block: int = BLOCK) -> list[float | None]:
+    """Mean held-out accuracy of the evaluations in each block of ``block`` steps (steps 1-100, 101-200, ...; the
+    start evaluation at step 0 is in none); ``None`` for a block without evaluations (an unfinished run)."""
+    out = []
+    for k in range(math.ceil(steps / block)):
+        accs = [a for s, a in evals if k * block < s <= (k + 1) * block]
+        out.append(statistics.fmean(accs) if accs else None)
+    return out
+
+
+def plateau_block(means: list[float | None], tol: float = PLATEAU_POINTS) -> int | None:
+    """The index of the first block whose mean is within ``tol`` points of the best block mean."""
+    known = [m for m in means if m is not None]
+    if not known:
         return None
-    best = max(a for _, a in evals)
-    return next(s for s, a in sorted(evals) if 100 * (best - a) <= tol)
+    best = max(known)
+    return next(i for i, m in enumerate(means) if m is not None and 100 * (best - m) <= tol)
 
 
 def long_runs(raw: dict) -> str:
-    """How long training keeps improving: per run of at least ``LONG_STEPS`` steps, the held-out sampled accuracy
-    every 100 steps, the best evaluation (step and accuracy), and the plateau step (``plateau_step``)."""
+    """How long training keeps improving: per run of at least ``LONG_STEPS`` steps, the mean held-out sampled
+    accuracy of each 100-step block, its gain over the block before, the best single evaluation, and the block from
+    which the run was within ``PLATEAU_POINTS`` of its best block (``plateau_block``)."""
     runs = sorted((r for rs in raw.values() for r in rs if r["steps"] >= LONG_STEPS and r["evals"]),
                   key=lambda r: (r["task"], r["optimizer"], r["steps"], _order(r["method"]), r["lr"], r["seed"]))
     if not runs:
         return ""
-    marks = sorted({s for r in runs for s, _ in r["evals"] if s % 100 == 0})
+    n_blocks = max(math.ceil(r["steps"] / BLOCK) for r in runs)
+    names = [f"{k * BLOCK + 1}-{(k + 1) * BLOCK}" for k in range(n_blocks)]
     out = ["#### How long the runs keep improving (runs of 200 steps or more)", "",
-           f"Held-out sampled accuracy (%) every 100 steps; 'within {PLATEAU_POINTS:g} points of the best from step': "
-           f"the first evaluation at most {PLATEAU_POINTS:g} points below the run's best evaluation (a little over "
-           "one evaluation's binomial standard error, 1.7 points for 200 problems x 4 samples at 60 %): the step from "
-           "which more training bought nothing measurable.", "",
-           "| task | optimizer | method | rate | seed | steps | " + " | ".join(f"step {m}" for m in marks)
-           + f" | best eval (step) | within {PLATEAU_POINTS:g} points of the best from step |",
-           "|---|---|---|---|---|---|" + "---|" * (len(marks) + 2)]
+           f"Mean held-out sampled accuracy (%) of the evaluations in each block of {BLOCK} steps (every 25 steps: four "
+           "per block), with its gain over the block before in brackets; 'flat from steps': the first block whose mean "
+           f"is within {PLATEAU_POINTS:g} points of the run's best block (about two standard errors of a block mean: "
+           "one evaluation's is at most 1.7 points, 200 problems x 4 samples at 60 %), from which more training bought "
+           "nothing measurable ('still improving' when that is the last block).", "",
+           "| task | optimizer | method | rate | seed | steps | start | " + " | ".join(f"steps {n}" for n in names)
+           + " | best eval (step) | flat from steps |",
+           "|---|---|---|---|---|---|---|" + "---|" * (n_blocks + 2)]
     for r in runs:
         at = dict(r["evals"])
-        cells = [f"{100 * at[m]:.1f}" if m in at else "-" for m in marks]
-        best_step = r["best_step"]
+        means = block_means(r["evals"], r["steps"])
+        cells = []
+        for k in range(n_blocks):
+            m = means[k] if k < len(means) else None
+            prev = means[k - 1] if 0 < k <= len(means) else None
+            cells.append("-" if m is None else f"{100 * m:.1f}" + (f" ({100 * (m - prev):+.1f})" if prev is not None
+                                                                      else ""))
+        flat = plateau_block(means)
         done = "" if r["finished"] else f" (unfinished: {r['steps_done']} steps)"
+        start = f"{100 * at[0]:.1f}" if 0 in at else "-"
         out.append(f"| {r['task']} | {r['optimizer']} | {r['method']} | {r['lr']:g} | {r['seed']} | "
-                   f"{r['steps']}{done} | " + " | ".join(cells)
-                   + f" | {100 * at[best_step]:.1f} ({best_step}) | {plateau_step(r['evals'])} |")
+                   f"{r['steps']}{done} | {start} | " + " | ".join(cells)
+                   + f" | {100 * at[r['best_step']]:.1f} ({r['best_step']}) | "
+                   + ("-" if flat is None else "still improving" if flat == len(means) - 1 else names[flat]) + " |")
     return "\n".join(out) + "\n"
 
 

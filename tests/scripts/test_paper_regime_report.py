@@ -176,12 +176,15 @@ def test_a_run_whose_summary_says_interrupted_is_unfinished(tmp_path):
     assert p["final"] == [0.30, 0.32] and p["seeds"] == [0, 1] and p["missing"] == [2]
 
 
-def test_plateau_step_is_the_first_evaluation_within_two_points_of_the_best():
-    evals = [(0, 0.20), (100, 0.50), (200, 0.61), (300, 0.625), (400, 0.64), (500, 0.63)]
-    assert prr.plateau_step(evals) == 300  # best 64.0 at 400; 61.0 is 3.0 below, 62.5 within 2
-    assert prr.plateau_step(evals, tol=0.5) == 400
-    assert prr.plateau_step([(0, 0.2), (100, 0.5)]) == 100  # still improving: the last evaluation
-    assert prr.plateau_step([]) is None
+def test_block_means_and_the_block_from_which_a_run_is_flat():
+    evals = [(0, 0.10), (50, 0.40), (100, 0.50), (150, 0.60), (200, 0.62), (250, 0.63), (300, 0.65)]
+    means = prr.block_means(evals, 300)
+    assert [round(100 * m, 6) for m in means] == [45.0, 61.0, 64.0]  # the start evaluation is in no block
+    assert prr.plateau_block(means) == 2  # 61.0 is 3.0 below the best block, 64.0: flat only from the third
+    assert prr.plateau_block([0.45, 0.61, 0.625, 0.64]) == 2  # 62.5 within 2 of 64.0
+    assert prr.plateau_block(means, tol=0.5) == 2  # the last block: still improving
+    assert prr.block_means([(0, 0.1), (100, 0.5)], 300) == [0.5, None, None]  # unfinished: no evaluations yet
+    assert prr.plateau_block([None, None]) is None
 
 
 def test_long_runs_get_a_table_and_curves_and_short_runs_do_not(tmp_path):
@@ -194,9 +197,15 @@ def test_long_runs_get_a_table_and_curves_and_short_runs_do_not(tmp_path):
     raw = prr.collect([runs])
     md = prr.long_runs(raw)
     lines = [line for line in md.splitlines() if line.startswith("| arithmetic")]
-    assert len(lines) == 2 and "| step 0 | step 100 | step 200 | step 300 |" in md
-    assert lines[0] == "| arithmetic | sgd | grpo-const | 0.1 | 0 | 300 | 20.0 | 50.0 | 60.0 | 59.0 | 60.0 (200) | 200 |"
-    assert lines[1].startswith("| arithmetic | sgd | oblr-snr-ema | 3 | 1 | 300 (unfinished: 2 steps) | 20.0 | 45.0 | - | - |")
+    assert len(lines) == 2 and "| start | steps 1-100 | steps 101-200 | steps 201-300 | best eval (step) |" in md
+    # blocks: 50.0; mean(55, 60) = 57.5 (+7.5); 59.0 (+1.5): 57.5 is within 2 of 59.0, so flat from 101-200
+    assert lines[0] == ("| arithmetic | sgd | grpo-const | 0.1 | 0 | 300 | 20.0 | 50.0 | 57.5 (+7.5) | 59.0 (+1.5) "
+                        "| 60.0 (200) | 101-200 |")
+    assert lines[1] == ("| arithmetic | sgd | oblr-snr-ema | 3 | 1 | 300 (unfinished: 2 steps) | 20.0 | 45.0 | - | - "
+                        "| 45.0 (100) | 1-100 |")
+    _run(runs, "grpo-rising", 0, lr=0.3, steps=200, final=0.6, evals=((0, 0.2), (100, 0.5), (200, 0.6)))
+    rising = next(line for line in prr.long_runs(prr.collect([runs])).splitlines() if "| 0.3 |" in line)
+    assert rising.endswith("| 50.0 | 60.0 (+10.0) | - | 60.0 (200) | still improving |")
     out = tmp_path / "out"
     assert prr.main(["--runs", str(runs), "--out", str(out)]) == 0
     assert (out / "curves.png").stat().st_size > 0 and "How long the runs keep improving" in (out / "grid.md").read_text()
