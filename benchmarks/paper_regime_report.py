@@ -22,6 +22,8 @@ greedy accuracy.
 Across tasks (same optimizer, N and steps): the rate each task needed (its best GRPO fixed rate) and the
 ``eta_max`` each factor rule would have needed to apply it on average (best rate / the rule's mean factor), with
 the spread over tasks: what one ``eta_max`` for every task requires of a factor.
+The SNR factor over the run: per factor-rule row, its mean over steps 1-10, 11-50 and 51-100 (a factor that falls
+anneals the rate like a decaying schedule).
 How long training keeps improving: for every run of 200 steps or more, the mean held-out accuracy of each 100-step
 block, its best evaluation, and the first block within 2 points of its best block (``curves.png``: accuracy against
 the step).
@@ -52,6 +54,11 @@ END = "<!-- paper-regime-grid: end -->"
 METHODS = ("grpo-const", "rloo-const", "oblr-const", "oblr-snr-batch", "oblr-snr-ema", "oblr-snradam-batch",
            "oblr-snradam-ema", "oblr-auto", "oblr-kl")
 TUNING_FREE = ("oblr-snr-batch", "oblr-snr-ema", "oblr-snradam-batch", "oblr-snradam-ema", "oblr-auto", "oblr-kl")
+
+
+#: the phases of a run in which the logged factor is averaged (step indices, 0-based, end exclusive): the first ten
+#: steps, the rest of the first half, the second half of a 100-step run
+PHASES = ((0, 10), (10, 50), (50, 100))
 
 
 def method_of(cfg: dict, logged_target: float | None = None) -> str:
@@ -109,6 +116,7 @@ def run_record(run: Path) -> dict:
             "lr_mean": statistics.fmean(lrs) if lrs else math.nan,
             "lr0_share": sum(1 for x in lrs if x == 0.0) / len(lrs) if lrs else math.nan,
             "factor_mean": statistics.fmean(factors) if factors else math.nan,
+            "factor_phases": [statistics.fmean(factors[a:b]) if len(factors) >= b else math.nan for a, b in PHASES],
             "step_seconds": statistics.median(times) if times else math.nan}
 
 
@@ -146,6 +154,8 @@ def point(records: list[dict]) -> dict:
             "steps": records[0]["steps"], "lr_mean": _mean([r["lr_mean"] for r in records]),
             "lr0_share": _mean([r["lr0_share"] for r in records]),
             "factor_mean": _mean([r["factor_mean"] for r in records]),
+            "factor_phases": [_mean([r["factor_phases"][i] for r in records if "factor_phases" in r])
+                              for i in range(len(PHASES))],
             "step_seconds": _mean([r["step_seconds"] for r in records]), "n": records[0]["n"], "g": records[0]["g"]}
 
 
@@ -297,7 +307,9 @@ def plateau_block(means: list[float | None], tol: float = PLATEAU_POINTS) -> int
 
 
 def long_runs(raw: dict) -> str:
-    """How long training keeps improving: per run of at least ``LONG_STEPS`` steps, the mean held-out sampled
+    """The SNR factor over the run: per factor-rule row, its mean over steps 1-10, 11-50 and 51-100 (a factor that falls
+anneals the rate like a decaying schedule).
+How long training keeps improving: per run of at least ``LONG_STEPS`` steps, the mean held-out sampled
     accuracy of each 100-step block, its gain over the block before, the best single evaluation, and the block from
     which the run was within ``PLATEAU_POINTS`` of its best block (``plateau_block``)."""
     runs = sorted((r for rs in raw.values() for r in rs if r["steps"] >= LONG_STEPS and r["evals"]),
@@ -361,6 +373,30 @@ def plot_curves(raw: dict, path: Path) -> Path | None:
     return path
 
 
+def factor_over_run(points: dict) -> str:
+    """Per factor rule row (N = 128 panels): the logged factor's mean over steps 1-10, 11-50 and 51-100 (the mean
+    over seeds of each run's mean), the ratio of the last to the first, and the row's final accuracy against the
+    best GRPO fixed rate of its panel. A factor that falls during the run anneals the rate (eta_max x factor) the
+    way a decaying schedule would, whatever the task needs."""
+    keys = sorted((k for k, p in points.items() if k[4] in FACTOR_RULES and p["final"]
+                   and all(math.isfinite(x) for x in p["factor_phases"])),
+                  key=lambda k: (k[0], k[1], k[2], k[3], _order(k[4]), k[4], k[5]))
+    if not keys:
+        return ""
+    out = ["#### The SNR factor over the run (factor rules; mean over seeds)", "",
+           "| task | optimizer | steps | method | eta_max | seeds | factor steps 1-10 | 11-50 | 51-100 | "
+           "51-100 / 1-10 | final sampled % | best GRPO % |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for k in keys:
+        p = points[k]
+        early, mid, late = p["factor_phases"]
+        best = best_grpo(points, k[:4])
+        out.append(f"| {k[0]} | {k[1]} | {k[3]} | {k[4]} | {k[5]:g} | {len(p['final'])} | {early:.3f} | {mid:.3f} | "
+                   f"{late:.3f} | {late / early:.2f} | {100 * statistics.fmean(p['final']):.1f} | "
+                   + ("-" if best is None else f"{100 * statistics.fmean(best[1]['final']):.1f} (at {best[0]:g})")
+                   + " |")
+    return "\n".join(out) + "\n"
+
+
 def plot(points: dict, path: Path) -> Path:
     import matplotlib
 
@@ -421,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     needed = needed_rates(points)
     if needed:
         md += "\n" + needed
+    over = factor_over_run(points)
+    if over:
+        md += "\n" + over
     longer = long_runs(raw)
     args.out.mkdir(parents=True, exist_ok=True)
     if longer and plot_curves(raw, args.out / "curves.png") is not None:

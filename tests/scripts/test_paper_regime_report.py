@@ -214,3 +214,19 @@ def test_long_runs_get_a_table_and_curves_and_short_runs_do_not(tmp_path):
     assert prr.long_runs(prr.collect([short])) == ""
     assert prr.main(["--runs", str(short), "--out", str(tmp_path / "out2")]) == 0
     assert not (tmp_path / "out2" / "curves.png").exists()
+
+
+def test_the_factor_over_the_run_by_hand(tmp_path):
+    _run(tmp_path, "grpo-1", 0, lr=1.0, final=0.40, steps=100)
+    _run(tmp_path, "grpo-1", 1, lr=1.0, final=0.42, steps=100)
+    # factor 0.5 on steps 1-10, 0.2 on 11-50, 0.1 on 51-100 (lr = eta_max 3 x factor); a second seed at 0.3 / 0.2 / 0.05
+    _run(tmp_path, "snr-3", 0, baseline="oblr", schedule="snr", lr=3.0, steps=100, final=0.35,
+         lrs=[1.5] * 10 + [0.6] * 40 + [0.3] * 50)
+    _run(tmp_path, "snr-3", 1, baseline="oblr", schedule="snr", lr=3.0, steps=100, final=0.37,
+         lrs=[0.9] * 10 + [0.6] * 40 + [0.15] * 50)
+    _run(tmp_path, "snr-short", 0, baseline="oblr", schedule="snr", lr=10.0, steps=100, final=0.1)  # 2 steps logged
+    points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
+    md = prr.factor_over_run(points)
+    rows = [line for line in md.splitlines() if line.startswith("| arithmetic")]
+    assert rows == ["| arithmetic | sgd | 100 | oblr-snr-ema | 3 | 2 | 0.400 | 0.200 | 0.075 | 0.19 | 36.0 | 41.0 (at 1) |"]
+    assert prr.factor_over_run({k: p for k, p in points.items() if k[4] == "grpo-const"}) == ""
