@@ -154,7 +154,7 @@ def point(records: list[dict]) -> dict:
             "steps": records[0]["steps"], "lr_mean": _mean([r["lr_mean"] for r in records]),
             "lr0_share": _mean([r["lr0_share"] for r in records]),
             "factor_mean": _mean([r["factor_mean"] for r in records]),
-            "factor_phases": [_mean([r["factor_phases"][i] for r in records if "factor_phases" in r])
+            "factor_phases": [_mean([r["factor_phases"][i] for r in records])
                               for i in range(len(PHASES))],
             "step_seconds": _mean([r["step_seconds"] for r in records]), "n": records[0]["n"], "g": records[0]["g"]}
 
@@ -307,9 +307,7 @@ def plateau_block(means: list[float | None], tol: float = PLATEAU_POINTS) -> int
 
 
 def long_runs(raw: dict) -> str:
-    """The SNR factor over the run: per factor-rule row, its mean over steps 1-10, 11-50 and 51-100 (a factor that falls
-anneals the rate like a decaying schedule).
-How long training keeps improving: per run of at least ``LONG_STEPS`` steps, the mean held-out sampled
+    """How long training keeps improving: per run of at least ``LONG_STEPS`` steps, the mean held-out sampled
     accuracy of each 100-step block, its gain over the block before, the best single evaluation, and the block from
     which the run was within ``PLATEAU_POINTS`` of its best block (``plateau_block``)."""
     runs = sorted((r for rs in raw.values() for r in rs if r["steps"] >= LONG_STEPS and r["evals"]),
@@ -460,19 +458,17 @@ def main(argv: list[str] | None = None) -> int:
     over = factor_over_run(points)
     if over:
         md += "\n" + over
+    args.out.mkdir(parents=True, exist_ok=True)
+    image = Path(*args.out.parts[1:]) if args.out.parts[:1] == ("docs",) else args.out  # as docs/results.md links it
     longer = long_runs(raw)
-    args.out.mkdir(parents=True, exist_ok=True)
     if longer and plot_curves(raw, args.out / "curves.png") is not None:
-        image = Path(*args.out.parts[1:]) if args.out.parts[:1] == ("docs",) else args.out
         md += "\n" + longer + f"\n![accuracy against the step]({image}/curves.png)\n"
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "grid.md").write_text(md, encoding="utf-8")
     (args.out / "grid.json").write_text(json.dumps({" / ".join(map(str, k)): v for k, v in raw.items()}, indent=1)
                                         + "\n", encoding="utf-8")
     plot(points, args.out / "grid.png")
     print(md)
     if args.results_doc is not None:
-        image = Path(*args.out.parts[1:]) if args.out.parts[:1] == ("docs",) else args.out
         doc_sections.splice(args.results_doc, BEGIN, END, section(md, args.runs, f"{image}/grid.png"))
     return 0
 
