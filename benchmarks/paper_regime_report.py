@@ -9,9 +9,10 @@ Reads every run folder under ``--runs`` (``config.yaml``, ``metrics.jsonl``, ``s
 summary is listed as unfinished) and groups runs into panels by task, optimizer, N and steps (runs of another
 length are another budget: never pooled) and into rows by method and rate: ``grpo-const``,
 ``rloo-const``, ``oblr-const`` (a fixed rate), ``oblr-snr-batch`` / ``oblr-snr-ema`` (the SNR rule with the
-current batch's S and V, ``optim.snr_ema=0``, or the EMA; the rate is ``eta_max``), ``oblr-auto`` and
-``oblr-kl-target<t>`` (the ``kl`` schedule at the target it logged; the rate is the initial guess). Per row: finished seeds, final held-out accuracy (sampled and greedy, mean ± std over
-seeds), the step of the best evaluation (has the run stopped improving?), the applied learning rate's mean and
+current batch's S and V, ``optim.snr_ema=0``, or the EMA; the rate is ``eta_max``; ``-floor<f>`` when the rule
+ran with an lr floor ``optim.eta_min = f x eta_max``), ``oblr-auto`` and ``oblr-kl-target<t>`` (the ``kl``
+schedule at the target it logged; the rate is the initial guess). Per row: finished seeds, final held-out accuracy
+(sampled and greedy, mean ± std over seeds), the step of the best evaluation (has the run stopped improving?), the applied learning rate's mean and
 the share of steps at lr 0 (``optim/lr``), and for the SNR rows the logged factor ``snr/factor``.
 
 Verdicts: each tuning-free row (the SNR rule at every ``eta_max``, ``auto`` at every guess) and the OBLR-PO
@@ -69,24 +70,33 @@ def method_of(cfg: dict, logged_target: float | None = None) -> str:
     sched = algo["lr_schedule"]
     if sched == "constant":
         return f"{algo['baseline']}-const"
-    if sched in ("snr", "snr_adam"):  # snr_adam: oblr-snradam-...
-        return f"{algo['baseline']}-{sched.replace('_', '')}-" + ("batch" if float(optim.get("snr_ema", 0.9)) == 0.0
-                                                                  else "ema")
+    if sched in ("snr", "snr_adam"):  # snr_adam: oblr-snradam-...; a floor (optim.eta_min) as a share of eta_max
+        floor = float(optim.get("eta_min", 0.0)) / float(optim["lr"])
+        return (f"{algo['baseline']}-{sched.replace('_', '')}-"
+                + ("batch" if float(optim.get("snr_ema", 0.9)) == 0.0 else "ema")
+                + (f"-floor{floor:.3g}" if floor > 0 else ""))
     target = logged_target if logged_target is not None else (algo.get("schedule_options") or {}).get("target")
     if sched == "kl" and target is not None:
         return f"{algo['baseline']}-kl-target{float(target):g}"
     return f"{algo['baseline']}-{sched}"
 
 
+def base_method(method: str) -> str:
+    """The method a named variant belongs to: ``oblr-kl-target<t>`` -> ``oblr-kl``, ``<rule>-floor<f>`` -> ``<rule>``."""
+    if method.startswith("oblr-kl-target"):
+        return "oblr-kl"
+    return method.split("-floor")[0]
+
+
 def _order(method: str) -> int:
-    """Where a method's rows go in a table: METHODS' order; ``oblr-kl-target...`` rows after ``oblr-kl``."""
-    base = "oblr-kl" if method.startswith("oblr-kl-target") else method
+    """Where a method's rows go in a table: METHODS' order; a variant (a ``kl`` target, a floor) after its method."""
+    base = base_method(method)
     return METHODS.index(base) if base in METHODS else len(METHODS)
 
 
 def is_tuning_free(method: str) -> bool:
     """Rules that set their own rate (plotted dashed)."""
-    return method in TUNING_FREE or method.startswith("oblr-kl-target")
+    return base_method(method) in TUNING_FREE
 
 
 def run_record(run: Path) -> dict:
@@ -376,7 +386,7 @@ def factor_over_run(points: dict) -> str:
     over seeds of each run's mean), the ratio of the last to the first, and the row's final accuracy against the
     best GRPO fixed rate of its panel. A factor that falls during the run anneals the rate (eta_max x factor) the
     way a decaying schedule would, whatever the task needs."""
-    keys = sorted((k for k, p in points.items() if k[4] in FACTOR_RULES and p["final"]
+    keys = sorted((k for k, p in points.items() if base_method(k[4]) in FACTOR_RULES and p["final"]
                    and all(math.isfinite(x) for x in p["factor_phases"])),
                   key=lambda k: (k[0], k[1], k[2], k[3], _order(k[4]), k[4], k[5]))
     if not keys:

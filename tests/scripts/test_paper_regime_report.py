@@ -18,10 +18,10 @@ import paper_regime_report as prr  # noqa: E402
 
 def _run(root: Path, name: str, seed: int, *, baseline="grpo", schedule="constant", lr=0.1, ema=0.9, n=128,
          final=None, lrs=(0.1, 0.1), evals=((0, 0.2), (50, 0.3)), optimizer="sgd", steps=50, task="arithmetic",
-         greedy=0.5, options=None, logged=None) -> Path:
+         greedy=0.5, options=None, logged=None, eta_min=0.0) -> Path:
     d = root / name / f"seed{seed}"
     d.mkdir(parents=True)
-    cfg = {"task": {"name": task}, "optim": {"optimizer": optimizer, "lr": lr, "snr_ema": ema},
+    cfg = {"task": {"name": task}, "optim": {"optimizer": optimizer, "lr": lr, "snr_ema": ema, "eta_min": eta_min},
            "algorithm": {"baseline": baseline, "lr_schedule": schedule, **({"schedule_options": options}
                                                                             if options is not None else {})},
            "rollout": {"prompts_per_step": n, "group_size": 8}, "train": {"seed": seed, "steps": steps}}
@@ -230,3 +230,22 @@ def test_the_factor_over_the_run_by_hand(tmp_path):
     rows = [line for line in md.splitlines() if line.startswith("| arithmetic")]
     assert rows == ["| arithmetic | sgd | 100 | oblr-snr-ema | 3 | 2 | 0.400 | 0.200 | 0.075 | 0.19 | 36.0 | 41.0 (at 1) |"]
     assert prr.factor_over_run({k: p for k, p in points.items() if k[4] == "grpo-const"}) == ""
+
+
+def test_a_rule_with_an_lr_floor_is_its_own_row_after_its_rule_and_in_the_factor_table(tmp_path):
+    """optim.eta_min > 0 makes another rule (the annealing test): its rows are never pooled with the rule's."""
+    _run(tmp_path, "grpo-1", 0, lr=1.0, final=0.40, steps=100)
+    _run(tmp_path, "snr-3", 0, baseline="oblr", schedule="snr", lr=3.0, steps=100, final=0.35, lrs=[1.5] * 100)
+    _run(tmp_path, "snr-3-floor", 0, baseline="oblr", schedule="snr", lr=3.0, eta_min=0.3, steps=100, final=0.38,
+         lrs=[1.5] * 10 + [0.3] * 90)
+    _run(tmp_path, "snr-3-floor-batch", 0, baseline="oblr", schedule="snr", ema=0.0, lr=3.0, eta_min=0.3, steps=100,
+         final=0.36, lrs=[0.6] * 100)
+    points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
+    assert {(k[4], k[5]) for k in points} == {("grpo-const", 1.0), ("oblr-snr-ema", 3.0),
+                                              ("oblr-snr-ema-floor0.1", 3.0), ("oblr-snr-batch-floor0.1", 3.0)}
+    assert prr.base_method("oblr-snr-ema-floor0.1") == "oblr-snr-ema" and prr.is_tuning_free("oblr-snr-ema-floor0.1")
+    rows = [line.split(" | ")[0].lstrip("| ") for line in prr.tables(points).splitlines()
+            if line.startswith("| ") and "---" not in line and not line.startswith("| method")]
+    assert rows == ["grpo-const", "oblr-snr-batch-floor0.1", "oblr-snr-ema", "oblr-snr-ema-floor0.1"]
+    md = prr.factor_over_run(points)
+    assert "| arithmetic | sgd | 100 | oblr-snr-ema-floor0.1 | 3 | 1 | 0.500 | 0.100 | 0.100 | 0.20 | 38.0 | 40.0 (at 1) |" in md
