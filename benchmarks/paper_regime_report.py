@@ -25,6 +25,9 @@ Across tasks (same optimizer, N and steps): the rate each task needed (its best 
 the spread over tasks: what one ``eta_max`` for every task requires of a factor.
 The SNR factor over the run: per factor-rule row, its mean over steps 1-10, 11-50 and 51-100 (a factor that falls
 anneals the rate like a decaying schedule).
+The rules against the fixed rates around the rate they applied on average: per tuning-free row, its mean applied lr,
+the two GRPO rates of the grid around it, and whether the row sits above both, between or below both (is the
+step-to-step choice of the rate worth more than its average?).
 How long training keeps improving: for every run of 200 steps or more, the mean held-out accuracy of each 100-step
 block, its best evaluation, and the first block within 2 points of its best block (``curves.png``: accuracy against
 the step).
@@ -35,6 +38,7 @@ optimizer) into ``--out`` and, with ``--results-doc``, its own marked section of
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import statistics
@@ -405,6 +409,64 @@ def factor_over_run(points: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def grpo_bracket(points: dict, panel: tuple, rate: float) -> tuple[float, float, float, float] | None:
+    """The two neighbouring GRPO fixed rates of ``panel`` that bracket ``rate`` and their mean final sampled
+    accuracies, ``(lower rate, its accuracy, upper rate, its accuracy)`` (the same rate twice on an exact grid
+    rate); None outside GRPO's swept range."""
+    curve = sorted((k[5], statistics.fmean(p["final"])) for k, p in points.items()
+                   if k[:4] == panel and k[4] == "grpo-const" and p["final"])
+    for (lo, a), (hi, b) in zip(curve, curve[1:]):
+        if lo <= rate <= hi:
+            return (lo, a, lo, a) if rate == lo else (hi, b, hi, b) if rate == hi else (lo, a, hi, b)
+    return None
+
+
+#: how far (points) a row must sit above or below both bracketing GRPO rates to be counted so: about one
+#: seed-to-seed standard deviation of a row's final accuracy in this grid
+BRACKET_MARGIN = 2.0
+
+
+def against_mean_rate(points: dict) -> str:
+    """Per tuning-free row (panels with a GRPO sweep): the learning rate it applied on average (mean over steps
+    and seeds of ``optim/lr``), the two GRPO fixed rates of the grid around that mean, and where the row's final
+    sampled accuracy sits against both. If accuracy is unimodal in the fixed rate, a fixed rate between the two is
+    at least as good as the worse of them, so a row below both did worse than a fixed rate at its own mean would
+    have; a row above both did better than the grid's fixed rates around its mean (the fixed-rate curve may still
+    peak between them). A rule whose step-to-step choice of the rate is worth something sits above; a rule that is
+    only as good as the rate it applies on average sits between."""
+    rows = []
+    for k, p in points.items():
+        if not (is_tuning_free(k[4]) and p["final"] and math.isfinite(p["lr_mean"]) and p["lr_mean"] > 0):
+            continue
+        if len({q[5] for q, v in points.items() if q[:4] == k[:4] and q[4] == "grpo-const" and v["final"]}) < 2:
+            continue  # no GRPO sweep in this panel (the long runs)
+        rows.append((k, p, grpo_bracket(points, k[:4], p["lr_mean"])))
+    if not rows:
+        return ""
+    rows.sort(key=lambda r: (r[0][:4], _order(r[0][4]), r[0][4], r[0][5]))
+    out = ["#### The rules against the fixed rates around the rate they applied on average", "",
+           "| task | optimizer | method | rate | seeds | mean lr applied | final sampled % | GRPO around it: rate (%) "
+           f"| the row against both (margin {BRACKET_MARGIN:g} points) |", "|---|---|---|---|---|---|---|---|---|"]
+    counts = collections.Counter()
+    for k, p, br in rows:
+        acc = 100 * statistics.fmean(p["final"])
+        if br is None:
+            cell, where = "outside GRPO's swept rates", "-"
+        else:
+            lo, a, hi, b = br
+            cell = f"{lo:g} ({100 * a:.1f})" + ("" if hi == lo else f", {hi:g} ({100 * b:.1f})")
+            where = ("above both" if acc > 100 * max(a, b) + BRACKET_MARGIN
+                     else "below both" if acc < 100 * min(a, b) - BRACKET_MARGIN else "between")
+            counts[where] += 1
+        out.append(f"| {k[0]} | {k[1]} | {k[4]} | {k[5]:g} | {len(p['final'])} | {_rate(p['lr_mean'])} | "
+                   f"{acc:.1f} | {cell} | {where} |")
+    if counts:
+        out += ["", f"Rows inside GRPO's swept rates: {sum(counts.values())}: {counts['above both']} above both, "
+                f"{counts['between']} between (or within {BRACKET_MARGIN:g} points of one), "
+                f"{counts['below both']} below both."]
+    return "\n".join(out) + "\n"
+
+
 def plot(points: dict, path: Path) -> Path:
     import matplotlib
 
@@ -468,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     over = factor_over_run(points)
     if over:
         md += "\n" + over
+    mean_rate = against_mean_rate(points)
+    if mean_rate:
+        md += "\n" + mean_rate
     args.out.mkdir(parents=True, exist_ok=True)
     image = Path(*args.out.parts[1:]) if args.out.parts[:1] == ("docs",) else args.out  # as docs/results.md links it
     longer = long_runs(raw)

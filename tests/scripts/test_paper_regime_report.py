@@ -249,3 +249,32 @@ def test_a_rule_with_an_lr_floor_is_its_own_row_after_its_rule_and_in_the_factor
     assert rows == ["grpo-const", "oblr-snr-batch-floor0.1", "oblr-snr-ema", "oblr-snr-ema-floor0.1"]
     md = prr.factor_over_run(points)
     assert "| arithmetic | sgd | 100 | oblr-snr-ema-floor0.1 | 3 | 1 | 0.500 | 0.100 | 0.100 | 0.20 | 38.0 | 40.0 (at 1) |" in md
+
+
+def test_the_rules_against_the_fixed_rates_around_their_mean_rate_by_hand(tmp_path):
+    """GRPO at 0.1 / 1 / 10 (30 / 40 / 20 %); a rule applying 0.3 on average at 45 % is above both neighbours
+    (0.1, 1), one applying 3 at 25 % between (1: 40, 10: 20), one applying 0.5 at 20 % below both, one at
+    exactly 1 compared with that rate alone, one applying 0.01 outside the sweep."""
+    for lr, acc in ((0.1, 0.30), (1.0, 0.40), (10.0, 0.20)):
+        _run(tmp_path, f"grpo-{lr}", 0, lr=lr, final=acc)
+    _run(tmp_path, "above", 0, baseline="oblr", schedule="snr", lr=3.0, final=0.45, lrs=(0.2, 0.4))
+    _run(tmp_path, "between", 0, baseline="oblr", schedule="snr", lr=30.0, final=0.25, lrs=(3.0, 3.0))
+    _run(tmp_path, "below", 0, baseline="oblr", schedule="snr", lr=10.0, final=0.20, ema=0.0, lrs=(0.5, 0.5))
+    _run(tmp_path, "exact", 0, baseline="oblr", schedule="kl", lr=0.2, final=0.43, lrs=(1.0, 1.0),
+         options={"target": 0.003})
+    _run(tmp_path, "outside", 0, baseline="oblr", schedule="auto", lr=0.001, final=0.1, lrs=(0.01, 0.01))
+    points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
+    assert prr.grpo_bracket(points, ("arithmetic", "sgd", 128, 50), 0.3) == (0.1, 0.30, 1.0, 0.40)
+    assert prr.grpo_bracket(points, ("arithmetic", "sgd", 128, 50), 1.0) == (1.0, 0.40, 1.0, 0.40)
+    assert prr.grpo_bracket(points, ("arithmetic", "sgd", 128, 50), 20.0) is None
+    md = prr.against_mean_rate(points)
+    rows = {tuple(line.split(" | ")[2:4]): line.split(" | ")[4:] for line in md.splitlines()
+            if line.startswith("| arithmetic")}
+    # columns after (method, rate): seeds, mean lr applied, final %, GRPO around it, the row against both
+    assert rows[("oblr-snr-ema", "3")] == ["1", "0.3", "45.0", "0.1 (30.0), 1 (40.0)", "above both |"]
+    assert rows[("oblr-snr-ema", "30")] == ["1", "3", "25.0", "1 (40.0), 10 (20.0)", "between |"]
+    assert rows[("oblr-snr-batch", "10")][-2:] == ["0.1 (30.0), 1 (40.0)", "below both |"]
+    assert rows[("oblr-kl-target0.003", "0.2")][-2:] == ["1 (40.0)", "above both |"]
+    assert rows[("oblr-auto", "0.001")][-2:] == ["outside GRPO's swept rates", "- |"]
+    assert "Rows inside GRPO's swept rates: 4: 2 above both, 1 between (or within 2 points of one), 1 below both." in md
+    assert prr.against_mean_rate({k: p for k, p in points.items() if k[4] == "grpo-const"}) == ""
