@@ -12,8 +12,9 @@ length are another budget: never pooled) and into rows by method and rate: ``grp
 current batch's S and V, ``optim.snr_ema=0``, or the EMA; the rate is ``eta_max``; ``-floor<f>`` when the rule
 ran with an lr floor ``optim.eta_min = f x eta_max``), ``oblr-auto`` and ``oblr-kl-target<t>`` (the ``kl``
 schedule at the target it logged; the rate is the initial guess). Per row: finished seeds, final held-out accuracy
-(sampled and greedy, mean ± std over seeds), the step of the best evaluation (has the run stopped improving?), the applied learning rate's mean and
-the share of steps at lr 0 (``optim/lr``), and for the SNR rows the logged factor ``snr/factor``.
+(sampled and greedy, mean ± std over seeds), the step of the best evaluation (has the run stopped improving?), the
+applied learning rate's mean and the share of steps at lr 0 (``optim/lr``), and for the SNR rows the logged factor
+``snr/factor``.
 
 Verdicts: each tuning-free row (the SNR rule at every ``eta_max``, ``auto`` at every guess) and the OBLR-PO
 baseline against the best GRPO fixed rate of the same task and optimizer, by ``benchmarks/task_claims.py``'s
@@ -38,12 +39,11 @@ optimizer) into ``--out`` and, with ``--results-doc``, its own marked section of
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import yaml
@@ -409,12 +409,17 @@ def factor_over_run(points: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def grpo_curve(points: dict, panel: tuple) -> list[tuple[float, float]]:
+    """``panel``'s GRPO fixed rates with finished seeds and their mean final sampled accuracy, by rate."""
+    return sorted((k[5], statistics.fmean(p["final"])) for k, p in points.items()
+                  if k[:4] == panel and k[4] == "grpo-const" and p["final"])
+
+
 def grpo_bracket(points: dict, panel: tuple, rate: float) -> tuple[float, float, float, float] | None:
     """The two neighbouring GRPO fixed rates of ``panel`` that bracket ``rate`` and their mean final sampled
     accuracies, ``(lower rate, its accuracy, upper rate, its accuracy)`` (the same rate twice on an exact grid
     rate); None outside GRPO's swept range."""
-    curve = sorted((k[5], statistics.fmean(p["final"])) for k, p in points.items()
-                   if k[:4] == panel and k[4] == "grpo-const" and p["final"])
+    curve = grpo_curve(points, panel)
     for (lo, a), (hi, b) in zip(curve, curve[1:]):
         if lo <= rate <= hi:
             return (lo, a, lo, a) if rate == lo else (hi, b, hi, b) if rate == hi else (lo, a, hi, b)
@@ -438,7 +443,7 @@ def against_mean_rate(points: dict) -> str:
     for k, p in points.items():
         if not (is_tuning_free(k[4]) and p["final"] and math.isfinite(p["lr_mean"]) and p["lr_mean"] > 0):
             continue
-        if len({q[5] for q, v in points.items() if q[:4] == k[:4] and q[4] == "grpo-const" and v["final"]}) < 2:
+        if len(grpo_curve(points, k[:4])) < 2:
             continue  # no GRPO sweep in this panel (the long runs)
         rows.append((k, p, grpo_bracket(points, k[:4], p["lr_mean"])))
     if not rows:
@@ -447,7 +452,7 @@ def against_mean_rate(points: dict) -> str:
     out = ["#### The rules against the fixed rates around the rate they applied on average", "",
            "| task | optimizer | method | rate | seeds | mean lr applied | final sampled % | GRPO around it: rate (%) "
            f"| the row against both (margin {BRACKET_MARGIN:g} points) |", "|---|---|---|---|---|---|---|---|---|"]
-    counts = collections.Counter()
+    counts = Counter()
     for k, p, br in rows:
         acc = 100 * statistics.fmean(p["final"])
         if br is None:
