@@ -21,6 +21,8 @@ baseline against the best GRPO fixed rate of the same task and optimizer, by ``b
 test (difference of means against twice its standard error; "one seed" when either side has fewer than two),
 on the final sampled accuracy and, separately, on the final greedy accuracy against the GRPO rate best by
 greedy accuracy.
+The goal row by row (same optimizer, N and steps, two tasks or more): every tuning-free setting against each task's
+best GRPO fixed rate, with what it says of the issue's goal (level on every task; ahead on one; no collapse).
 Across tasks (same optimizer, N and steps): the rate each task needed (its best GRPO fixed rate) and the
 ``eta_max`` each factor rule would have needed to apply it on average (best rate / the rule's mean factor), with
 the spread over tasks: what one ``eta_max`` for every task requires of a factor.
@@ -164,6 +166,7 @@ def point(records: list[dict]) -> dict:
     return {"final": [r["final"] for r in done], "seeds": [r["seed"] for r in done],
             "missing": [r["seed"] for r in records if not r["finished"]],
             "greedy": _mean([r["greedy"] for r in done]), "best_step": [r["best_step"] for r in done],
+            "start": [r["start"] for r in done if r["start"] is not None],
             "greedy_final": [r["greedy"] for r in done if r["greedy"] is not None and math.isfinite(r["greedy"])],
             "steps": records[0]["steps"], "lr_mean": _mean([r["lr_mean"] for r in records]),
             "lr0_share": _mean([r["lr0_share"] for r in records]),
@@ -472,6 +475,90 @@ def against_mean_rate(points: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _short(verdict_text: str) -> str:
+    """A verdict in the goal's words: ``beats`` -> ahead, ``within noise`` -> level; one seed keeps its difference."""
+    if verdict_text.startswith("one seed ("):
+        return "1 seed: " + verdict_text[len("one seed ("):].split(";")[0]
+    return verdict_text.replace("within noise", "level").replace("beats", "ahead")
+
+
+def ended_below_start(p: dict) -> bool:
+    """The row's mean final sampled accuracy is below its mean start (held-out accuracy before training)."""
+    return bool(p["final"] and p["start"]) and statistics.fmean(p["final"]) < statistics.fmean(p["start"])
+
+
+#: a one-seed row this many points below the best GRPO mean is read as not level (no verdict is given with one
+#: seed; a row's seed-to-seed standard deviation in this grid is about 1-2 points, so 5 is beyond that)
+FAR_BELOW = 5.0
+
+
+def goal_matrix(points: dict) -> str:
+    """The goal row by row: per optimizer, N and length with two or more tasks, every tuning-free setting (a rule
+    at one ``eta_max`` or guess, the same on every task: no tuning) against each task's best GRPO fixed rate, and
+    what that says of the goal: level or ahead on every task (its first condition), ahead beyond noise on at least
+    one (its second), never ending below its start (a collapse; its third asks this of every ``eta_max``)."""
+    out = []
+    for group in sorted({(k[1], k[2], k[3]) for k in points}):
+        tasks = sorted({k[0] for k in points if (k[1], k[2], k[3]) == group
+                        and best_grpo(points, (k[0], *group)) is not None})
+        if len(tasks) < 2:
+            continue
+        settings = sorted({(k[4], k[5]) for k in points if (k[1], k[2], k[3]) == group and is_tuning_free(k[4])},
+                          key=lambda m: (_order(m[0]), m[0], m[1]))
+        if not settings:
+            continue
+        out += [f"#### The goal row by row: {group[0]}, N = {group[1]}, {group[2]} steps", "",
+                "| method | rate | " + " | ".join(tasks) + " | the goal |", "|---|---|" + "---|" * (len(tasks) + 1)]
+        tally = Counter()
+        for method, rate in settings:
+            cells, behind, below, open_, ahead, far = [], [], [], [], [], []
+            for task in tasks:
+                p = points.get((task, *group, method, rate))
+                if p is None or not p["final"]:
+                    cells.append("-" if p is None else "unfinished")
+                    open_.append(task)
+                    continue
+                v = _short(verdict_of(p, best_grpo(points, (task, *group))[1]))
+                text = f"{v} [{len(p['final'])}]"
+                if ended_below_start(p):
+                    text += f"; ended below its start ({100 * statistics.fmean(p['final']):.1f} %)"
+                    below.append(task)
+                cells.append(text)
+                if v.startswith("behind"):
+                    behind.append(task)
+                elif v.startswith("ahead"):
+                    ahead.append(task)
+                elif v.startswith("1 seed"):
+                    open_.append(task)
+                    if float(v.split(": ")[1]) <= -FAR_BELOW:
+                        far.append(task)
+            if below or behind:
+                goal = "not level: " + "; ".join(
+                    part for part in (f"below its start on {', '.join(below)}" if below else "",
+                                      f"behind on {', '.join(t for t in behind if t not in below)}"
+                                      if [t for t in behind if t not in below] else "") if part)
+                tally["not level"] += 1
+            elif far:
+                goal = f"not level on one seed: {FAR_BELOW:g}+ points below on {', '.join(far)}"
+                tally["far"] += 1
+            elif open_:
+                goal = f"open (one seed or not run on {', '.join(open_)})"
+                tally["open"] += 1
+            elif ahead:
+                goal = f"**met**: level on every task, ahead on {', '.join(ahead)}"
+                tally["met"] += 1
+            else:
+                goal = "level on every task, ahead on none"
+                tally["level"] += 1
+            out.append(f"| {method} | {rate:g} | " + " | ".join(cells) + f" | {goal} |")
+        out += ["", f"Settings: {sum(tally.values())}: {tally['met']} meet the goal's first two conditions, "
+                f"{tally['level']} are level on every task and ahead on none, {tally['not level']} are behind or "
+                f"below their start on at least one task, {tally['far']} are {FAR_BELOW:g} points or more below on one "
+                f"seed, {tally['open']} are open (a task with one seed or none).",
+                ""]
+    return "\n".join(out)
+
+
 def plot(points: dict, path: Path) -> Path:
     import matplotlib
 
@@ -513,7 +600,10 @@ def section(md: str, runs: list[Path], image: str) -> str:
         "with one seed no verdict is given). 'greedy vs best GRPO greedy': the same test on the final greedy "
         "accuracy, against the GRPO rate with the best mean greedy accuracy (which need not be the rate best by "
         "sampled accuracy). 'best eval at step': per seed, the evaluation step with the highest "
-        "sampled accuracy (the last step: still improving). 'The eta_max each rule needed': per task, the best GRPO "
+        "sampled accuracy (the last step: still improving). 'The goal row by row': every tuning-free setting (a "
+        "rule at one eta_max or guess, the same on every task) against each task's best GRPO fixed rate, [k] its "
+        f"seeds; a one-seed row {FAR_BELOW:g} points or more below is read as not level, a row whose final accuracy "
+        "is below its start as collapsed. 'The eta_max each rule needed': per task, the best GRPO "
         "fixed rate divided by the rule's mean logged factor on its best row (the eta_max at which the factor would "
         "have applied the tuned rate on average, to first order: the factor itself moves with eta_max); one eta_max "
         "fits every task only if the spread is within the grid's step (about 3x).", "",
@@ -529,6 +619,9 @@ def main(argv: list[str] | None = None) -> int:
     raw = collect(args.runs)
     points = {k: point(v) for k, v in raw.items()}
     md = tables(points)
+    goal = goal_matrix(points)
+    if goal:
+        md += "\n" + goal
     needed = needed_rates(points)
     if needed:
         md += "\n" + needed

@@ -278,3 +278,42 @@ def test_the_rules_against_the_fixed_rates_around_their_mean_rate_by_hand(tmp_pa
     assert rows[("oblr-auto", "0.001")][-2:] == ["outside GRPO's swept rates", "- |"]
     assert "Rows inside GRPO's swept rates: 4: 2 above both, 1 between (or within 2 points of one), 1 below both." in md
     assert prr.against_mean_rate({k: p for k, p in points.items() if k[4] == "grpo-const"}) == ""
+
+
+def test_the_goal_row_by_row_by_hand(tmp_path):
+    """Two tasks, GRPO's best at 0.1 on both (30 / 32 / 34 %); per setting of a rule (the same rate on both tasks):
+    level on both, level on one and ahead on the other (the goal's first two conditions met), ended below its start
+    (20 %) on one, five points or more below on one seed, and open (one seed within a few points; a task not run)."""
+    for task in ("arithmetic", "countdown"):
+        for s, f in enumerate((0.30, 0.32, 0.34)):
+            _run(tmp_path / task, "grpo-0.1", s, lr=0.1, final=f, task=task)
+        _run(tmp_path / task, "grpo-1", 0, lr=1.0, final=0.25, task=task)
+        for s, f in enumerate((0.31, 0.32, 0.33)):
+            _run(tmp_path / task, "kl-1", s, baseline="oblr", schedule="kl", lr=1.0, final=f, task=task,
+                 options={"target": 0.003})
+        ahead = (0.40, 0.41, 0.42) if task == "countdown" else (0.31, 0.33, 0.35)
+        for s, f in enumerate(ahead):
+            _run(tmp_path / task, "snr-3", s, baseline="oblr", schedule="snr", lr=3.0, final=f, task=task)
+        _run(tmp_path / task, "snr-30", 0, baseline="oblr", schedule="snr", lr=30.0, task=task,
+             final=0.10 if task == "arithmetic" else 0.30)
+        _run(tmp_path / task, "auto-1", 0, baseline="oblr", schedule="auto", lr=1.0, task=task,
+             final=0.25 if task == "countdown" else 0.31)
+    _run(tmp_path / "arithmetic", "auto-10", 0, baseline="oblr", schedule="auto", lr=10.0, final=0.31)
+    _run(tmp_path / "other", "grpo-0.1", 0, lr=0.1, final=0.3, task="other", optimizer="adamw")  # one task: no table
+    points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
+    md = prr.goal_matrix(points)
+    assert "#### The goal row by row: sgd, N = 128, 50 steps" in md and "adamw" not in md
+    rows = {tuple(line.split(" | ")[:2]): line.split(" | ")[2:] for line in md.splitlines() if line.startswith("| oblr")}
+    se = math.sqrt(statistics.variance([31, 32, 33]) / 3 + statistics.variance([30, 32, 34]) / 3)
+    assert rows[("| oblr-kl-target0.003", "1")] == [f"level (+0.0 ± {se:.1f}) [3]"] * 2 + [
+        "level on every task, ahead on none |"]
+    assert rows[("| oblr-snr-ema", "3")][1].startswith("ahead (+9.0 ± ")
+    assert rows[("| oblr-snr-ema", "3")][2] == "**met**: level on every task, ahead on countdown |"
+    assert rows[("| oblr-snr-ema", "30")] == ["1 seed: -22.0 [1]; ended below its start (10.0 %)", "1 seed: -2.0 [1]",
+                                             "not level: below its start on arithmetic |"]
+    assert rows[("| oblr-auto", "1")][2] == "not level on one seed: 5+ points below on countdown |"
+    assert rows[("| oblr-auto", "10")] == ["1 seed: -1.0 [1]", "-", "open (one seed or not run on arithmetic, countdown) |"]
+    assert ("Settings: 5: 1 meet the goal's first two conditions, 1 are level on every task and ahead on none, 1 are "
+            "behind or below their start on at least one task, 1 are 5 points or more below on one seed, 1 are open"
+            in md)
+    assert prr.goal_matrix({k: p for k, p in points.items() if k[0] == "arithmetic"}) == ""
