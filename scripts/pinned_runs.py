@@ -2,6 +2,7 @@
 
     python scripts/pinned_runs.py run QUEUE --work DIR [--jobs 2]
     python scripts/pinned_runs.py import DIR/out/LABEL benchmarks/results/paper-regime/LABEL
+    python scripts/pinned_runs.py status QUEUE --work DIR
 
 A long grid must not move when the code does: each row trains at the commit it is pinned to, in a ``git
 worktree`` of that commit, while this checkout goes on changing. ``QUEUE`` is a text file, one run per line
@@ -22,6 +23,11 @@ DIR/out/LABEL/ROW-sSEED --jobs 1 train.threads=1`` with ``PYTHONPATH`` at the wo
 output in ``DIR/logs``. It prints one line per run started and finished. Started again after an interrupt, it
 resumes: ``oblr compare`` reuses a completed run and resumes one with a checkpoint.
 
+``status`` checks the queue as ``run`` does and prints, per line, where its run stands: completed (with its final
+sampled accuracy), stopped (its summary's status), in progress (training steps logged of the configured steps, and
+how long ago its metrics were last written: a run that stopped without a summary, killed, stays there), or not
+started; then the counts. It starts nothing and can be called while ``run`` works.
+
 ``import`` copies each completed run under ``DIR/out/LABEL/*/ROW/seedK`` (its ``metrics.jsonl``,
 ``summary.json``, ``config.yaml``, ``code.json``) to ``DEST/ROW/seedK``, rewriting the run folder's absolute
 path to the repository-relative destination, and refuses a file that would still name an absolute path of this
@@ -31,6 +37,7 @@ machine. A destination that exists is left alone (said so), never overwritten; a
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -143,6 +150,48 @@ def run_job(job: Job, work: Path, root: Path = ROOT) -> int:
     return code
 
 
+def run_dir(job: Job, work: Path) -> Path:
+    """Where ``run_job`` has ``oblr compare`` write the job's run: ``DIR/out/LABEL/ROW-sSEED/ROW/seedSEED``."""
+    return work / "out" / job.label / job.name / job.row / f"seed{job.seed}"
+
+
+def job_status(job: Job, work: Path, now: float | None = None) -> tuple[str, str]:
+    """``(state, text)`` of the job's run: state ``completed``, ``stopped``, ``in progress`` or ``not started``."""
+    run = run_dir(job, work)
+    summary = run / "summary.json"
+    if summary.is_file():
+        try:
+            s = json.loads(summary.read_text())
+        except json.JSONDecodeError:
+            s = {}
+        if s.get("status") == "completed":
+            acc = s.get("eval_accuracy_final")
+            return "completed", "completed" + ("" if acc is None else f", final sampled accuracy {100 * acc:.1f} %")
+        if s.get("status") not in (None, "running"):
+            return "stopped", f"stopped ({s.get('status')}; see the log)"
+    metrics = run / "metrics.jsonl"
+    if metrics.is_file():
+        steps = sum(1 for line in metrics.read_text().splitlines() if '"optim/lr"' in line)
+        total = "?"
+        if (run / "config.yaml").is_file():
+            total = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("train", {}).get("steps", "?")
+        age = ((time.time() if now is None else now) - metrics.stat().st_mtime) / 60
+        return "in progress", f"step {steps} of {total}, metrics last written {age:.0f} min ago"
+    return "not started", "not started"
+
+
+def queue_status(jobs: list[Job], work: Path, now: float | None = None) -> list[str]:
+    """One line per job (its queue line, pin, label and name, where its run stands), then the counts."""
+    lines, counts = [], {}
+    for job in jobs:
+        state, text = job_status(job, work, now)
+        counts[state] = counts.get(state, 0) + 1
+        lines.append(f"line {job.line:3} {job.pin} {job.label}/{job.name}: {text}")
+    order = ("completed", "in progress", "stopped", "not started")
+    lines.append(f"{len(jobs)} runs: " + ", ".join(f"{counts[k]} {k}" for k in order if k in counts))
+    return lines
+
+
 def import_runs(source: Path, dest: Path, root: Path = ROOT) -> list[str]:
     """Copy the completed runs under ``source/*/ROW/seedK`` to ``dest/ROW/seedK``; returns one line per run."""
     dest_rel = dest.resolve().relative_to(root.resolve()).as_posix() if dest.is_absolute() else dest.as_posix()
@@ -190,7 +239,19 @@ def main(argv: list[str] | None = None) -> int:
     imp = sub.add_parser("import", help="copy completed runs into the repository, paths made relative")
     imp.add_argument("source", type=Path, help="DIR/out/LABEL of a `run`")
     imp.add_argument("dest", type=Path, help="a folder inside the repository, e.g. benchmarks/results/paper-regime/LABEL")
+    stat = sub.add_parser("status", help="where each run of a queue stands (starts nothing)")
+    stat.add_argument("queue", type=Path)
+    stat.add_argument("--work", type=Path, required=True, help="the --work folder of `run`")
     args = parser.parse_args(argv)
+    if args.command == "status":
+        try:
+            jobs = parse_queue(args.queue)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for line in queue_status(jobs, args.work.resolve()):
+            print(line)
+        return 0
     if args.command == "import":
         try:
             for line in import_runs(args.source, args.dest):

@@ -1,6 +1,6 @@
 """scripts/pinned_runs.py: a bad queue line is refused with its line number before anything runs; a row is cut
 to itself and one seed; a run trains at its pin in a worktree (a real two-step grid at HEAD); import copies only
-completed runs, makes their paths repository-relative, refuses a leftover machine path and overwrites nothing."""
+completed runs, makes their paths repository-relative, refuses a leftover machine path and overwrites nothing; status says where each run of a queue stands."""
 
 from __future__ import annotations
 
@@ -123,3 +123,38 @@ def test_import_skips_an_unfinished_run_and_refuses_a_leftover_machine_path(tmp_
     with pytest.raises(ValueError, match="config.yaml: still names a path of this machine"):
         pr.import_runs(source, Path("r/lab"), root=root)
     assert not (root / "r" / "lab" / "leaky").exists()
+
+
+def test_status_says_where_each_run_of_a_queue_stands(tmp_path, capsys):
+    grid = _grid(tmp_path)
+    work = tmp_path / "work"
+    jobs = [pr.Job(n, "abc", "lab", grid, "grpo-a", seed) for n, seed in enumerate((0, 1, 2, 3), start=1)]
+    done = pr.run_dir(jobs[0], work)
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text(json.dumps({"status": "completed", "eval_accuracy_final": 0.4125}))
+    going = pr.run_dir(jobs[1], work)
+    going.mkdir(parents=True)
+    (going / "summary.json").write_text(json.dumps({"status": "running"}))
+    (going / "config.yaml").write_text("train:\n  steps: 100\n")
+    (going / "metrics.jsonl").write_text('{"step": 1, "optim/lr": 0.1}\n{"step": 1, "eval/accuracy_sampled": 0.2}\n'
+                                         '{"step": 2, "optim/lr": 0.1}\n')
+    mtime = (going / "metrics.jsonl").stat().st_mtime
+    stopped = pr.run_dir(jobs[2], work)
+    stopped.mkdir(parents=True)
+    (stopped / "summary.json").write_text(json.dumps({"status": "interrupted"}))
+    assert pr.queue_status(jobs, work, now=mtime + 180) == [
+        "line   1 abc lab/grpo-a-s0: completed, final sampled accuracy 41.2 %",
+        "line   2 abc lab/grpo-a-s1: step 2 of 100, metrics last written 3 min ago",
+        "line   3 abc lab/grpo-a-s2: stopped (interrupted; see the log)",
+        "line   4 abc lab/grpo-a-s3: not started",
+        "4 runs: 1 completed, 1 in progress, 1 stopped, 1 not started"]
+    queue = tmp_path / "queue.txt"
+    queue.write_text(f"{_head()} lab {grid} grpo-a 0\n{_head()} lab {grid} rloo-b 5\n")
+    assert pr.main(["status", str(queue), "--work", str(work)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("lab/grpo-a-s0: completed, final sampled accuracy 41.2 %")
+    assert out[1].endswith("lab/rloo-b-s5: not started") and out[2] == "2 runs: 1 completed, 1 not started"
+    queue.write_text(f"{_head()} lab {grid} nosuchrow 0\n")
+    assert pr.main(["status", str(queue), "--work", str(work)]) == 2
+    assert "ROW 'nosuchrow' is not in" in capsys.readouterr().err
+    assert not (work / "pins").exists()  # status starts nothing
