@@ -1,6 +1,7 @@
 """scripts/pinned_runs.py: a bad queue line is refused with its line number before anything runs; a row is cut
 to itself and one seed; a run trains at its pin in a worktree (a real two-step grid at HEAD); import copies only
-completed runs, makes their paths repository-relative, refuses a leftover machine path and overwrites nothing; status says where each run of a queue stands."""
+completed runs, makes their paths repository-relative, refuses a leftover machine path and overwrites nothing; status says where each run of a queue
+stands."""
 
 from __future__ import annotations
 
