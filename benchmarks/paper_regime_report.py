@@ -492,6 +492,10 @@ def ended_below_start(p: dict) -> bool:
 FAR_BELOW = 5.0
 
 
+#: seeds on each side for an "ahead" to meet the goal's second condition (the issue asks for 3 seeds a row)
+MET_SEEDS = 3
+
+
 def goal_matrix(points: dict) -> str:
     """The goal row by row: per optimizer, N and length with two or more tasks, every tuning-free setting (a rule
     at one ``eta_max`` or guess, the same on every task: no tuning) against each task's best GRPO fixed rate, and
@@ -518,7 +522,8 @@ def goal_matrix(points: dict) -> str:
                     cells.append("-" if p is None else "unfinished")
                     open_.append(task)
                     continue
-                v = _short(verdict_of(p, best_grpo(points, (task, *group))[1]))
+                best = best_grpo(points, (task, *group))[1]
+                v = _short(verdict_of(p, best))
                 text = f"{v} [{len(p['final'])}]"
                 if ended_below_start(p):
                     text += f"; ended below its start ({100 * statistics.fmean(p['final']):.1f} %)"
@@ -527,7 +532,7 @@ def goal_matrix(points: dict) -> str:
                 if v.startswith("behind"):
                     behind.append(task)
                 elif v.startswith("ahead"):
-                    ahead.append(task)
+                    ahead.append((task, min(len(p["final"]), len(best["final"]))))
                 elif v.startswith("1 seed"):
                     open_.append(task)
                     if float(v.split(": ")[1]) <= -FAR_BELOW:
@@ -544,9 +549,13 @@ def goal_matrix(points: dict) -> str:
             elif open_:
                 goal = f"open (one seed or not run on {', '.join(open_)})"
                 tally["open"] += 1
-            elif ahead:
-                goal = f"**met**: level on every task, ahead on {', '.join(ahead)}"
+            elif ahead and all(n >= MET_SEEDS for _, n in ahead):
+                goal = f"**met**: level on every task, ahead on {', '.join(t for t, _ in ahead)}"
                 tally["met"] += 1
+            elif ahead:
+                goal = ("level on every task; ahead on " + ", ".join(f"{t} over {n} seeds" for t, n in ahead)
+                        + f" (fewer than {MET_SEEDS} on a side: open)")
+                tally["ahead, few seeds"] += 1
             else:
                 goal = "level on every task, ahead on none"
                 tally["level"] += 1
@@ -554,7 +563,8 @@ def goal_matrix(points: dict) -> str:
         out += ["", f"Settings: {sum(tally.values())}: {tally['met']} meet the goal's first two conditions, "
                 f"{tally['level']} are level on every task and ahead on none, {tally['not level']} are behind or "
                 f"below their start on at least one task, {tally['far']} are {FAR_BELOW:g} points or more below on one "
-                f"seed, {tally['open']} are open (a task with one seed or none).",
+                f"seed, {tally['ahead, few seeds']} are level on every task and ahead on one over fewer than {MET_SEEDS} "
+                f"seeds on a side, {tally['open']} are open (a task with one seed or none).",
                 ""]
     return "\n".join(out)
 
@@ -603,7 +613,8 @@ def section(md: str, runs: list[Path], image: str) -> str:
         "sampled accuracy (the last step: still improving). 'The goal row by row': every tuning-free setting (a "
         "rule at one eta_max or guess, the same on every task) against each task's best GRPO fixed rate, [k] its "
         f"seeds; a one-seed row {FAR_BELOW:g} points or more below is read as not level, a row whose final accuracy "
-        "is below its start as collapsed. 'The eta_max each rule needed': per task, the best GRPO "
+        f"is below its start as collapsed; 'ahead' meets the goal with {MET_SEEDS} seeds or more on each side. "
+        "'The eta_max each rule needed': per task, the best GRPO "
         "fixed rate divided by the rule's mean logged factor on its best row (the eta_max at which the factor would "
         "have applied the tuned rate on average, to first order: the factor itself moves with eta_max); one eta_max "
         "fits every task only if the spread is within the grid's step (about 3x).", "",

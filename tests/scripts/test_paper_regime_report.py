@@ -283,7 +283,8 @@ def test_the_rules_against_the_fixed_rates_around_their_mean_rate_by_hand(tmp_pa
 def test_the_goal_row_by_row_by_hand(tmp_path):
     """Two tasks, GRPO's best at 0.1 on both (30 / 32 / 34 %); per setting of a rule (the same rate on both tasks):
     level on both, level on one and ahead on the other (the goal's first two conditions met), ended below its start
-    (20 %) on one, five points or more below on one seed, and open (one seed within a few points; a task not run)."""
+    (20 %) on one, five points or more below on one seed, ahead over two seeds only (open), and open (one seed within a
+    few points; a task not run)."""
     for task in ("arithmetic", "countdown"):
         for s, f in enumerate((0.30, 0.32, 0.34)):
             _run(tmp_path / task, "grpo-0.1", s, lr=0.1, final=f, task=task)
@@ -299,6 +300,9 @@ def test_the_goal_row_by_row_by_hand(tmp_path):
         _run(tmp_path / task, "auto-1", 0, baseline="oblr", schedule="auto", lr=1.0, task=task,
              final=0.25 if task == "countdown" else 0.31)
     _run(tmp_path / "arithmetic", "auto-10", 0, baseline="oblr", schedule="auto", lr=10.0, final=0.31)
+    for task, finals in (("arithmetic", (0.31, 0.33)), ("countdown", (0.41, 0.42))):  # ahead, but over 2 seeds
+        for s, f in enumerate(finals):
+            _run(tmp_path / task, "ema-1", s, baseline="oblr", schedule="snr", lr=1.0, final=f, task=task)
     _run(tmp_path / "other", "grpo-0.1", 0, lr=0.1, final=0.3, task="other", optimizer="adamw")  # one task: no table
     points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
     md = prr.goal_matrix(points)
@@ -313,7 +317,9 @@ def test_the_goal_row_by_row_by_hand(tmp_path):
                                              "not level: below its start on arithmetic |"]
     assert rows[("| oblr-auto", "1")][2] == "not level on one seed: 5+ points below on countdown |"
     assert rows[("| oblr-auto", "10")] == ["1 seed: -1.0 [1]", "-", "open (one seed or not run on arithmetic, countdown) |"]
-    assert ("Settings: 5: 1 meet the goal's first two conditions, 1 are level on every task and ahead on none, 1 are "
-            "behind or below their start on at least one task, 1 are 5 points or more below on one seed, 1 are open"
-            in md)
+    assert rows[("| oblr-snr-ema", "1")][2] == ("level on every task; ahead on countdown over 2 seeds (fewer than 3 on "
+                                               "a side: open) |")
+    assert ("Settings: 6: 1 meet the goal's first two conditions, 1 are level on every task and ahead on none, 1 are "
+            "behind or below their start on at least one task, 1 are 5 points or more below on one seed, 1 are level "
+            "on every task and ahead on one over fewer than 3 seeds on a side, 1 are open" in md)
     assert prr.goal_matrix({k: p for k, p in points.items() if k[0] == "arithmetic"}) == ""
