@@ -21,6 +21,8 @@ baseline against the best GRPO fixed rate of the same task and optimizer, by ``b
 test (difference of means against twice its standard error; "one seed" when either side has fewer than two),
 on the final sampled accuracy and, separately, on the final greedy accuracy against the GRPO rate best by
 greedy accuracy.
+Against GRPO on a schedule (``grpo-cosine-warmup<w>``: cosine decay from a peak rate after a linear warm-up; never
+pooled with the fixed rate): the best fixed rate and every tuning-free setting with two seeds or more against it.
 The goal row by row (same optimizer, N and steps, two tasks or more): every tuning-free setting against each task's
 best GRPO fixed rate, with what it says of the issue's goal (level on every task; ahead on one; no collapse).
 Across tasks (same optimizer, N and steps): the rate each task needed (its best GRPO fixed rate) and the
@@ -81,6 +83,9 @@ def method_of(cfg: dict, logged_target: float | None = None) -> str:
         return (f"{algo['baseline']}-{sched.replace('_', '')}-"
                 + ("batch" if float(optim.get("snr_ema", 0.9)) == 0.0 else "ema")
                 + (f"-floor{floor:.3g}" if floor > 0 else ""))
+    if sched == "cosine":  # a schedule at a peak rate: named with its warm-up, never pooled with the fixed rate
+        warmup = int(optim.get("warmup_steps", 0) or 0)
+        return f"{algo['baseline']}-cosine" + (f"-warmup{warmup}" if warmup else "")
     target = logged_target if logged_target is not None else (algo.get("schedule_options") or {}).get("target")
     if sched == "kl" and target is not None:
         return f"{algo['baseline']}-kl-target{float(target):g}"
@@ -569,6 +574,31 @@ def goal_matrix(points: dict) -> str:
     return "\n".join(out)
 
 
+def against_schedules(points: dict) -> str:
+    """Per panel with a GRPO row on a schedule (``grpo-cosine...``: a peak rate that warms up and decays): the best
+    GRPO fixed rate and every tuning-free setting with two seeds or more against each such row, by the same test.
+    A rule ahead of the fixed rate whose rate warms up and decays may owe it to the schedule's shape, which a
+    conventional schedule at the tuned rate also has."""
+    out = []
+    for panel in sorted({k[:4] for k in points}):
+        scheds = sorted((k for k, p in points.items() if k[:4] == panel and k[4].startswith("grpo-")
+                         and k[4] != "grpo-const" and p["final"]), key=lambda k: (k[4], k[5]))
+        best = best_grpo(points, panel)
+        if not scheds or best is None:
+            continue
+        rows = [(f"grpo-const (best fixed rate) | {best[0]:g}", best[1])]
+        rows += [(f"{k[4]} | {k[5]:g}", p) for k, p in sorted(points.items(), key=lambda kp: (_order(kp[0][4]),
+                                                                                              kp[0][4], kp[0][5]))
+                 if k[:4] == panel and is_tuning_free(k[4]) and len(p["final"]) >= 2]
+        heads = [f"vs {k[4]} at {k[5]:g} ({_acc(points[k])})" for k in scheds]
+        out += [f"#### Against GRPO on a schedule: {panel[0]}, {panel[1]} (N = {panel[2]}, {panel[3]} steps)", "",
+                "| row | rate | final sampled % | " + " | ".join(heads) + " |", "|---|---|---|" + "---|" * len(heads)]
+        for name, p in rows:
+            out.append(f"| {name} | {_acc(p)} | " + " | ".join(verdict_of(p, points[k]) for k in scheds) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def plot(points: dict, path: Path) -> Path:
     import matplotlib
 
@@ -633,6 +663,9 @@ def main(argv: list[str] | None = None) -> int:
     goal = goal_matrix(points)
     if goal:
         md += "\n" + goal
+    scheduled = against_schedules(points)
+    if scheduled:
+        md += "\n" + scheduled
     needed = needed_rates(points)
     if needed:
         md += "\n" + needed

@@ -323,3 +323,32 @@ def test_the_goal_row_by_row_by_hand(tmp_path):
             "behind or below their start on at least one task, 1 are 5 points or more below on one seed, 1 are level "
             "on every task and ahead on one over fewer than 3 seeds on a side, 1 are open" in md)
     assert prr.goal_matrix({k: p for k, p in points.items() if k[0] == "arithmetic"}) == ""
+
+
+def test_a_cosine_row_is_named_with_its_warmup_and_rows_are_tested_against_it(tmp_path):
+    """GRPO fixed at 0.1 (30 / 32 / 34 %) and on a cosine schedule from 0.1 after 10 warm-up steps (36 / 37 / 38 %);
+    a rule at 40 / 41 / 42 % is ahead of both; the fixed rate is behind the schedule; a one-seed rule is not listed."""
+    for s, f in enumerate((0.30, 0.32, 0.34)):
+        _run(tmp_path, "grpo-0.1", s, lr=0.1, final=f)
+    for s, f in enumerate((0.36, 0.37, 0.38)):
+        d = _run(tmp_path, "grpo-cos", s, lr=0.1, final=f, schedule="cosine")
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg["optim"]["warmup_steps"] = 10
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    for s, f in enumerate((0.40, 0.41, 0.42)):
+        _run(tmp_path, "auto-1", s, baseline="oblr", schedule="auto", lr=1.0, final=f)
+    _run(tmp_path, "auto-10", 0, baseline="oblr", schedule="auto", lr=10.0, final=0.5)
+    points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
+    assert ("arithmetic", "sgd", 128, 50, "grpo-cosine-warmup10", 0.1) in points
+    assert prr.best_grpo(points, ("arithmetic", "sgd", 128, 50))[0] == 0.1  # the schedule is not a fixed rate
+    md = prr.against_schedules(points)
+    assert "#### Against GRPO on a schedule: arithmetic, sgd (N = 128, 50 steps)" in md
+    assert "| vs grpo-cosine-warmup10 at 0.1 (37.0 ± 1.0 (3)) |" in md
+    rows = {line.split(" | ")[0]: line.split(" | ")[1:] for line in md.splitlines() if line.startswith("| grpo-const")
+            or line.startswith("| oblr")}
+    se_fixed = math.sqrt(statistics.variance([30, 32, 34]) / 3 + statistics.variance([36, 37, 38]) / 3)
+    assert rows["| grpo-const (best fixed rate)"] == ["0.1", "32.0 ± 2.0 (3)", f"behind (-5.0 ± {se_fixed:.1f}) |"]
+    se_auto = math.sqrt(statistics.variance([40, 41, 42]) / 3 + statistics.variance([36, 37, 38]) / 3)
+    assert rows["| oblr-auto"] == ["1", "41.0 ± 1.0 (3)", f"beats (+4.0 ± {se_auto:.1f}) |"]
+    assert "| 10 |" not in md  # one seed: not listed
+    assert prr.against_schedules({k: p for k, p in points.items() if "cosine" not in k[4]}) == ""
