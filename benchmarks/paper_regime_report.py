@@ -543,10 +543,10 @@ def goal_matrix(points: dict) -> str:
                     if float(v.split(": ")[1]) <= -FAR_BELOW:
                         far.append(task)
             if below or behind:
-                goal = "not level: " + "; ".join(
-                    part for part in (f"below its start on {', '.join(below)}" if below else "",
-                                      f"behind on {', '.join(t for t in behind if t not in below)}"
-                                      if [t for t in behind if t not in below] else "") if part)
+                behind_only = [t for t in behind if t not in below]
+                parts = ([f"below its start on {', '.join(below)}"] if below else []) + (
+                    [f"behind on {', '.join(behind_only)}"] if behind_only else [])
+                goal = "not level: " + "; ".join(parts)
                 tally["not level"] += 1
             elif far:
                 goal = f"not level on one seed: {FAR_BELOW:g}+ points below on {', '.join(far)}"
@@ -660,21 +660,10 @@ def main(argv: list[str] | None = None) -> int:
     raw = collect(args.runs)
     points = {k: point(v) for k, v in raw.items()}
     md = tables(points)
-    goal = goal_matrix(points)
-    if goal:
-        md += "\n" + goal
-    scheduled = against_schedules(points)
-    if scheduled:
-        md += "\n" + scheduled
-    needed = needed_rates(points)
-    if needed:
-        md += "\n" + needed
-    over = factor_over_run(points)
-    if over:
-        md += "\n" + over
-    mean_rate = against_mean_rate(points)
-    if mean_rate:
-        md += "\n" + mean_rate
+    for part in (goal_matrix, against_schedules, needed_rates, factor_over_run, against_mean_rate):
+        text = part(points)  # "" when the runs hold nothing for that table
+        if text:
+            md += "\n" + text
     args.out.mkdir(parents=True, exist_ok=True)
     image = Path(*args.out.parts[1:]) if args.out.parts[:1] == ("docs",) else args.out  # as docs/results.md links it
     longer = long_runs(raw)
