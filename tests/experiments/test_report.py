@@ -12,7 +12,16 @@ import yaml
 
 from oblr.experiments.compare import compare_runs, run_stats
 from oblr.experiments.report import plot_run
-from oblr.experiments.stats import auc_normalized, load_run, run_label, spike_count, steps_to_target
+from oblr.experiments.stats import (
+    auc_normalized,
+    load_run,
+    run_label,
+    spike_count,
+    steps_to_target,
+    t_cdf,
+    t_quantile,
+    welch,
+)
 from oblr.tracking import MetricsLogger
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -129,6 +138,33 @@ def test_statistics_helpers():
     assert spike_count(np.r_[base, 2.9, math.inf, 4.0]) == 1  # inf ignored; 2.9 below 3x median
     with pytest.raises(ValueError, match="window"):
         spike_count(base, window=0)
+
+
+@pytest.mark.parametrize("df", [1, 1.5, 2, 2.7, 4, 5.3, 8, 30, 250])
+def test_student_t_against_scipy(df):
+    stats = pytest.importorskip("scipy.stats")
+    for p in (0.025, 0.1, 0.5, 0.9, 0.975, 0.995):
+        assert t_quantile(p, df) == pytest.approx(float(stats.t.ppf(p, df)), rel=1e-7, abs=1e-9)
+    for t in (-7.0, -1.0, 0.0, 0.3, 2.0, 12.0):
+        assert t_cdf(t, df) == pytest.approx(float(stats.t.cdf(t, df)), rel=1e-9, abs=1e-12)
+    with pytest.raises(ValueError, match="p must be"):
+        t_quantile(1.0, df)
+
+
+def test_welch_against_scipy_on_unequal_seeds_and_spreads():
+    stats = pytest.importorskip("scipy.stats")
+    a, b = [50.1, 48.2, 49.8, 51.0, 51.4], [52.3, 47.0, 46.4]
+    w = welch(a, b)
+    ref = stats.ttest_ind(a, b, equal_var=False)
+    assert w.diff / w.se == pytest.approx(float(ref.statistic), rel=1e-12)
+    assert w.df == pytest.approx(float(ref.df), rel=1e-12)
+    assert w.critical == pytest.approx(float(stats.t.ppf(0.975, ref.df)), rel=1e-7)
+    assert (w.word == "within noise") == (ref.pvalue > 0.05)
+    far = welch([x + 10 for x in a], b)
+    assert far.word == "beats" and stats.ttest_ind([x + 10 for x in a], b, equal_var=False).pvalue < 0.05
+    assert welch([1.0, 1.0], [2.0, 2.0]).word == "behind"  # no spread on either side: any difference is beyond it
+    with pytest.raises(ValueError, match="two values or more"):
+        welch([1.0], [1.0, 2.0])
 
 
 def test_run_label_sources(tmp_path):

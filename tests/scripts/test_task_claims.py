@@ -5,6 +5,7 @@ best fixed rate, auto's worst guess and the beyond-seed-noise verdicts, and mixe
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -144,3 +145,16 @@ def test_make_results_doc_keeps_the_task_claims_section(tmp_path):
     tc.splice(doc, "## The claims per task (generated)\n\nbody\n", "results/task-claims")
     kept = make_results_doc._kept_section(doc, make_results_doc.TC_BEGIN, make_results_doc.TC_END)
     assert kept.startswith(tc.BEGIN) and kept.endswith(tc.END) and "body" in kept
+
+
+def test_the_verdict_is_welchs_t_test_not_twice_the_standard_error():
+    """3 seeds a side, the difference 2.4 standard errors: beyond 2 SE, inside Welch's 5 % (critical value ~2.78 at
+    4 degrees of freedom), so within noise; at 3.2 SE it is behind. The brackets keep the difference ± its SE."""
+    b = {"final": [0.30, 0.31, 0.32], "missing": []}
+    se_each = 0.01 / math.sqrt(3)  # the standard error of each mean (std 1 point)
+    shift = 2.4 * math.sqrt(2) * se_each
+    a = {"final": [x - shift for x in b["final"]], "missing": []}
+    assert tc.verdict(a, b) == "within noise (-2.0 ± 0.8)"
+    shift = 3.2 * math.sqrt(2) * se_each
+    a = {"final": [x - shift for x in b["final"]], "missing": []}
+    assert tc.verdict(a, b) == "behind (-2.6 ± 0.8)"

@@ -11,19 +11,25 @@ Definitions (all over the *finite* values of a series, ordered by step):
 - steps to target: the first step whose value is ``>= target`` (None when never reached);
 - spikes: values ``v_t > factor * median(v_{t-window} .. v_{t-1})`` once at least ``min_history``
   earlier values exist (the running median of the *previous* values, so a spike does not hide itself).
+
+Across seeds, two rows' final accuracies are compared by Welch's t-test (:func:`welch`): the difference of means,
+its standard error ``sqrt(s_a^2 / n_a + s_b^2 / n_b)``, the Welch-Satterthwaite degrees of freedom and the
+two-sided critical value of Student's t (:func:`t_quantile`, pure Python: the regularized incomplete beta by its
+continued fraction, inverted by bisection). With 3 seeds a side the 5 % critical value is about 2.8, not 2.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from oblr.tracking.runs import config_value, load_run, merge_by_step, run_config, run_label, series
 
 __all__ = [
+    "Welch",
     "auc_normalized",
     "best",
     "config_value",
@@ -37,6 +43,9 @@ __all__ = [
     "spike_count",
     "split_by_settings",
     "steps_to_target",
+    "t_cdf",
+    "t_quantile",
+    "welch",
 ]
 
 
@@ -140,3 +149,105 @@ def split_by_settings(labels: dict, settings: dict) -> tuple[dict, dict[str, lis
 def _short_value(value: Any, limit: int = 40) -> str:
     text = value if isinstance(value, str) else _canon(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz; converges for
+    ``x < (a + 1) / (a + b + 2)``)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 1000):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function ``I_x(a, b)`` for ``0 <= x <= 1``."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student's t distribution function with ``df > 0`` degrees of freedom (not necessarily whole)."""
+    if not df > 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df}")
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``0 < p < 1``), by bisection on
+    :func:`t_cdf` to about 1e-10."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+        if hi - lo < 1e-10 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+class Welch(NamedTuple):
+    """Welch's two-sample comparison of means: ``diff = mean(a) - mean(b)``, its standard error ``se``, the
+    Welch-Satterthwaite degrees of freedom ``df`` and the two-sided critical value ``critical`` at the test's
+    level (``|diff| > critical * se``: the means differ beyond seed noise)."""
+
+    diff: float
+    se: float
+    df: float
+    critical: float
+
+    @property
+    def word(self) -> str:
+        """``"beats"`` / ``"behind"`` beyond noise, else ``"within noise"``."""
+        if self.diff > self.critical * self.se:
+            return "beats"
+        return "behind" if self.diff < -self.critical * self.se else "within noise"
+
+
+def welch(a: list[float], b: list[float], alpha: float = 0.05) -> Welch:
+    """Welch's t-test of ``a`` against ``b`` (two seeds or more each), two-sided at level ``alpha``.
+
+    Two rows whose seeds all agree (both standard deviations 0) have ``se = 0`` and ``df = inf``: any difference
+    is then beyond noise, none is within it."""
+    na, nb = len(a), len(b)
+    if na < 2 or nb < 2:
+        raise ValueError(f"Welch's test needs two values or more a side, got {na} and {nb}")
+    ma, mb = sum(a) / na, sum(b) / nb
+    va = sum((x - ma) ** 2 for x in a) / (na - 1) / na  # the squared standard error of each mean
+    vb = sum((x - mb) ** 2 for x in b) / (nb - 1) / nb
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)) if va + vb > 0 else math.inf
+    critical = t_quantile(1.0 - alpha / 2.0, df) if math.isfinite(df) else _normal_quantile(1.0 - alpha / 2.0)
+    return Welch(ma - mb, se, df, critical)
+
+
+def _normal_quantile(p: float) -> float:
+    """The standard normal's ``p`` quantile (the limit of t as df grows), by bisection on erf."""
+    lo, hi = -40.0, 40.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if 0.5 * (1.0 + math.erf(mid / math.sqrt(2.0))) < p else (lo, mid)
+    return 0.5 * (lo + hi)
