@@ -314,6 +314,58 @@ def test_report_refuses_an_accuracy_key_no_run_logged_before_writing_anything(tm
     assert compare_runs(dirs, out, accuracy_key="train/reward_mean", plots=False)["accuracy_key"] == "train/reward_mean"
 
 
+def test_report_tests_every_row_against_a_reference_by_welch(tmp_path, capsys):
+    """`oblr report --reference GROUP`: 3 seeds of oblr+snr well above 3 seeds of rloo+constant (beats, and the
+    reference row says so), a one-seed row (the difference, no verdict), the test against scipy's Welch on the
+    runs' own final accuracies; an unknown reference is refused in one line, naming the rows, before writing."""
+    stats = pytest.importorskip("scipy.stats")
+    from oblr.cli import main
+    from oblr.experiments.compare import versus_reference
+
+    runs = tmp_path / "runs"
+    for k in range(3):
+        make_run(runs / f"snr{k}", seed=k, steps=10, acc_offset=0.2)
+        make_run(runs / f"rloo{k}", seed=k, baseline="rloo", lr_schedule="constant", steps=10)
+    make_run(runs / "grpo0", seed=0, baseline="grpo", lr_schedule="constant", steps=10)
+    out = tmp_path / "rep"
+    assert main(["report", str(runs), "--reference", "nonsense", "--out", str(out), "--no-run-plots"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'nonsense' is not a row" in err[0] and "rloo+constant" in err[0]
+    assert not out.exists()
+    assert main(["report", str(runs), "--reference", "rloo+constant", "--out", str(out), "--no-run-plots"]) == 0
+    md = (out / "comparison.md").read_text()
+    assert "| final acc vs rloo+constant |" in md and "Welch's t-test" in md
+    rows = {r["group"]: r for r in csv.DictReader(open(out / "comparison.csv"))}
+    finals = {g: [float(r["final_acc"]) for r in csv.DictReader(open(out / "comparison_runs.csv")) if r["group"] == g]
+              for g in rows}
+    ref = stats.ttest_ind(finals["oblr+snr"], finals["rloo+constant"], equal_var=False)
+    assert rows["oblr+snr"]["vs_reference_verdict"] == "beats" and ref.pvalue < 0.05 and ref.statistic > 0
+    assert float(rows["oblr+snr"]["vs_reference_df"]) == pytest.approx(float(ref.df))
+    assert float(rows["oblr+snr"]["vs_reference_diff"]) / float(rows["oblr+snr"]["vs_reference_se"]) == pytest.approx(
+        float(ref.statistic))
+    assert rows["rloo+constant"]["vs_reference"] == "reference"
+    assert rows["grpo+constant"]["vs_reference"].endswith("(one run; no verdict)")
+    assert rows["grpo+constant"]["vs_reference_verdict"] == ""
+    line = next(x for x in md.splitlines() if x.startswith("| oblr+snr |"))
+    assert line.endswith(f"beats (+{float(rows['oblr+snr']['vs_reference_diff']):.3f} ± "
+                         f"{float(rows['oblr+snr']['vs_reference_se']):.3f}) |")
+    # close means with a spread: within noise; a run that never evaluated is left out of the test
+    close = versus_reference([0.50, 0.52, 0.49, math.nan], [0.51, 0.48, 0.50])
+    assert close["vs_reference_verdict"] == "within noise"
+    assert close["vs_reference_diff"] == pytest.approx((0.50 + 0.52 + 0.49) / 3 - (0.51 + 0.48 + 0.50) / 3)
+    assert versus_reference([math.nan], [0.5, 0.6])["vs_reference"] == "no final accuracy"
+
+
+def test_a_grid_report_reference_must_be_one_of_its_runs():
+    from oblr.config import ConfigError
+    from oblr.experiments.grid import grid_from_dict
+
+    grid = {"base": {}, "runs": [{"name": "grpo"}, {"name": "oblr"}], "report": {"reference": "grpo"}}
+    assert grid_from_dict(grid).report == {"reference": "grpo"}
+    with pytest.raises(ConfigError, match="report.reference 'gpro' is not a run name of the grid"):
+        grid_from_dict({**grid, "report": {"reference": "gpro"}})
+
+
 def test_report_writes_beside_the_runs_by_default_and_says_where(tmp_path, capsys, monkeypatch):
     from oblr.cli import main
     from oblr.experiments.report import default_report_dir

@@ -2,7 +2,10 @@
 
 Runs are grouped (by default by :func:`oblr.experiments.stats.run_label` without the seed, i.e. baseline +
 lr schedule), per-run statistics are computed from ``metrics.jsonl`` and aggregated per group as
-``mean ± std`` over seeds (sample std, ddof=1; shown as a single value when a group has one run).
+``mean ± std`` over seeds (sample std, ddof=1; shown as a single value when a group has one run). With a
+``reference`` group, every other group's final accuracy is tested against it by Welch's t-test over seeds
+(:func:`oblr.experiments.stats.welch`, two-sided 5 %): ``beats`` / ``behind`` / ``within noise``, with the
+difference of means ± its standard error; a side with one run gets the difference and no verdict.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from oblr.experiments.stats import (
     series,
     spike_count,
     steps_to_target,
+    welch,
 )
 from oblr.tracking.plots import PALETTE, log_scale_ok, new_figure, save_png
 
-__all__ = ["ACCURACY_KEYS", "METRICS", "aggregate", "check_accuracy_key", "compare_runs", "run_stats"]
+__all__ = ["ACCURACY_KEYS", "METRICS", "aggregate", "check_accuracy_key", "compare_runs", "run_stats",
+           "versus_reference"]
 
 # the default accuracy, in order of preference: the sampled one first (what `oblr train` calls its primary metric)
 ACCURACY_KEYS = ("eval/accuracy_sampled", "eval/accuracy_greedy")
@@ -111,13 +116,20 @@ def _fmt(mean: float, std: float, digits: int = 3) -> str:
     return m if not math.isfinite(std) else f"{m} ± {std:.{digits}f}"
 
 
-def _write_markdown(path: Path, groups: list[dict], acc_key: str | None, target: float | None) -> None:
+def _write_markdown(path: Path, groups: list[dict], acc_key: str | None, target: float | None,
+                    reference: str | None = None) -> None:
+    ref = (f" Last column: each row's final accuracy against `{reference}` by Welch's t-test over seeds "
+           "(two-sided 5 %; `beats` / `behind` beyond seed noise, else `within noise`; the difference of "
+           "means ± its standard error; a row or reference of one run: the difference, no verdict)."
+           ) if reference else ""
     lines = ["# Run comparison\n",
              (f"Accuracy metric: `{acc_key}`; target accuracy: {target if target is None else f'{target:.3f}'}. "
               "Cells are mean ± std over seeds (sample std); `steps to target` averages the runs that reached "
-              "it (reached/total in brackets); spikes: grad norm > factor × running median of previous steps.\n"),
-             "| group | runs | " + " | ".join(METRICS.values()) + " |",
-             "|---|---:|" + "---:|" * len(METRICS)]
+              "it (reached/total in brackets); spikes: grad norm > factor × running median of previous "
+              f"steps.{ref}\n"),
+             "| group | runs | " + " | ".join(METRICS.values())
+             + (f" | final acc vs {reference}" if reference else "") + " |",
+             "|---|---:|" + "---:|" * len(METRICS) + ("---|" if reference else "")]
     for g in groups:
         cells = []
         for m in METRICS:
@@ -126,8 +138,32 @@ def _write_markdown(path: Path, groups: list[dict], acc_key: str | None, target:
             if m == "steps_to_target":
                 cell += f" ({g['steps_to_target_n']}/{g['runs']})"
             cells.append(cell)
+        if reference:
+            cells.append(g["vs_reference"])
         lines.append(f"| {g['group']} | {g['runs']} | " + " | ".join(cells) + " |")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def versus_reference(finals: list[float], reference: list[float], is_reference: bool = False) -> dict:
+    """A group's final accuracies against the reference group's: ``vs_reference`` (the table's text) and
+    ``vs_reference_{diff,se,df,verdict}`` (NaN / "" where there is no test). Non-finite values (a run that
+    never evaluated) are left out."""
+    a = [x for x in finals if math.isfinite(x)]
+    b = [x for x in reference if math.isfinite(x)]
+    row = {"vs_reference": "", "vs_reference_diff": math.nan, "vs_reference_se": math.nan,
+           "vs_reference_df": math.nan, "vs_reference_verdict": ""}
+    if is_reference:
+        row.update(vs_reference="reference", vs_reference_verdict="reference")
+    elif not a or not b:
+        row.update(vs_reference="no final accuracy")
+    elif len(a) < 2 or len(b) < 2:
+        diff = sum(a) / len(a) - sum(b) / len(b)
+        row.update(vs_reference=f"{diff:+.3f} (one run; no verdict)", vs_reference_diff=diff)
+    else:
+        w = welch(a, b)
+        row.update(vs_reference=f"{w.word} ({w.diff:+.3f} ± {w.se:.3f})", vs_reference_diff=w.diff,
+                   vs_reference_se=w.se, vs_reference_df=w.df, vs_reference_verdict=w.word)
+    return row
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -203,7 +239,7 @@ def check_accuracy_key(runs_rows: list[list[dict]], accuracy_key: str | None) ->
 def compare_runs(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, *,
                  group_by: Callable | str | None = None, accuracy_key: str | None = None,
                  target: float | None = None, spike_factor: float = 3.0, spike_window: int = 20,
-                 plots: bool = True) -> dict:
+                 plots: bool = True, reference: str | None = None) -> dict:
     """Group runs, tabulate per-group mean ± std over seeds, and draw seed-band plots.
 
     ``group_by``: None (label = baseline+lr_schedule, seed dropped; see :func:`run_label`), a callable
@@ -212,7 +248,9 @@ def compare_runs(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, 
     run logged (else the first any run logged); a key no run logged is refused (:func:`check_accuracy_key`). ``target``: default 0.9 x the best accuracy any run reached.
     Writes ``comparison.md``, ``comparison.csv`` (one row per group), ``comparison_runs.csv`` (one row per
     run) and ``compare_<name>.png`` seed-band plots (mean ± std over the group's runs at each step) into
-    ``out_dir`` (``plots=False``: tables only). Returns ``{"accuracy_key", "target", "groups": [rows], "runs": [rows], "files": [paths]}``;
+    ``out_dir`` (``plots=False``: tables only). ``reference``: a group label; every group's final accuracy is
+    tested against that group's (:func:`versus_reference`; a label that is no group is refused, naming the
+    groups, before anything is written). Returns ``{"accuracy_key", "target", "groups": [rows], "runs": [rows], "files": [paths]}``;
     group rows hold ``<stat>_mean``, ``<stat>_std`` for each stat of :data:`METRICS`, plus ``steps_to_target_n``.
     """
     if not run_dirs:
@@ -240,6 +278,9 @@ def compare_runs(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, 
     groups: dict[str, list[dict]] = {}
     for r in runs:
         groups.setdefault(r["group"], []).append(r)
+    if reference is not None and reference not in groups:
+        raise ValueError(f"reference {reference!r} is not a row of these runs; the rows: "
+                         f"{', '.join(sorted(groups))}")
     table = []
     for g in sorted(groups):
         row: dict = {"group": g, "runs": len(groups[g])}
@@ -248,12 +289,15 @@ def compare_runs(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, 
             row[f"{m}_mean"], row[f"{m}_std"] = mean, std
             if m == "steps_to_target":
                 row["steps_to_target_n"] = n
+        if reference is not None:
+            row.update(versus_reference([r["final_acc"] for r in groups[g]],
+                                        [r["final_acc"] for r in groups[reference]], g == reference))
         table.append(row)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "comparison.md", out / "comparison.csv", out / "comparison_runs.csv"]
-    _write_markdown(files[0], table, accuracy_key, target)
+    _write_markdown(files[0], table, accuracy_key, target, reference)
     _write_csv(files[1], table)
     _write_csv(files[2], runs)
     rows_by_group = {g: [rows for _, gg, rows in loaded if gg == g] for g in sorted(groups)}

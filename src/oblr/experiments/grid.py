@@ -5,7 +5,7 @@ Grid file (YAML)::
     base: {model: {...}, rollout: {...}, ...}   # a train config mapping, or a path to one
     seeds: [0, 1, 2]
     out: runs/my-grid                           # optional default output folder
-    report: {target: 0.5, accuracy_key: eval/accuracy_greedy}   # optional, passed to compare_runs
+    report: {target: 0.5, reference: grpo}  # optional, passed to compare_runs (also accuracy_key, ...)
     runs:
       - name: oblr-snr                          # folder name and report label
         algorithm.baseline: oblr                # dotted overrides of the base (values are YAML values)
@@ -49,7 +49,7 @@ from oblr.train.run_dir import RESUMABLE_CHANGES, config_diff, flatten
 from oblr.train.summary import summary_status
 
 GRID_KEYS = ("base", "runs", "seeds", "out", "report", "description")
-REPORT_KEYS = ("target", "accuracy_key", "spike_factor", "spike_window")
+REPORT_KEYS = ("target", "accuracy_key", "spike_factor", "spike_window", "reference")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
 # keys that do not change a run's numbers: a difference there does not prevent reuse
 IGNORED_FOR_MATCH = frozenset({"train.output_dir", "train.threads", "train.plots", "train.tensorboard",
@@ -157,6 +157,9 @@ def grid_from_dict(data: dict, source: str = "<dict>", grid_path: Path | None = 
     report = data.get("report") or {}
     if not isinstance(report, dict) or any(k not in REPORT_KEYS for k in report):
         raise ConfigError(f"grid {source}: 'report' must be a mapping with keys among {', '.join(REPORT_KEYS)}")
+    if "reference" in report and report["reference"] not in {v.name for v in variants}:
+        raise ConfigError(f"grid {source}: report.reference {report['reference']!r} is not a run name of the grid "
+                          f"({', '.join(v.name for v in variants)})")
     out = data.get("out")
     if out is not None and not isinstance(out, str):
         raise ConfigError(f"grid {source}: 'out' must be a folder path, got {out!r}")

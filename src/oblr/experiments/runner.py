@@ -300,6 +300,10 @@ def register_cli(sub) -> None:
     r.add_argument("--accuracy-key", help="metric the runs are ranked by, e.g. eval/accuracy_greedy (default: "
                                           "eval/accuracy_sampled, the primary metric of oblr train, if every run "
                                           "logged it); a key no run logged is refused")
+    r.add_argument("--reference", metavar="GROUP",
+                   help="a row label (e.g. grpo-const): every row's final accuracy is tested against it by Welch's "
+                        "t-test over seeds (two-sided 5 %%): beats / behind / within noise; a label that is no row "
+                        "is refused, naming the rows")
     r.add_argument("--no-run-plots", action="store_true", help="only the comparison, not each run's plots")
     r.set_defaults(func=_cmd_report)
 
@@ -329,7 +333,7 @@ def _cmd_report(args) -> int:
 
     out = Path(args.out) if args.out else default_report_dir(args.paths)
     kw = {k: v for k, v in (("target", args.target), ("accuracy_key", args.accuracy_key),
-                            ("group_by", args.group_by)) if v is not None}
+                            ("group_by", args.group_by), ("reference", args.reference)) if v is not None}
 
     build_report(args.paths, out, run_plots=not args.no_run_plots, **kw)
     return 0
