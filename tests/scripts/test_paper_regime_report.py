@@ -9,6 +9,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -330,6 +331,11 @@ def test_the_goal_row_by_row_by_hand(tmp_path):
             "behind or below their start on at least one task, 1 are 5 points or more below on fewer than 3 seeds, 1 "
             "are level on every task and ahead on one over fewer than 3 seeds on a side, 2 are open" in md)
     assert prr.goal_matrix({k: p for k, p in points.items() if k[0] == "arithmetic"}) == ""
+    # what the seeds can see: GRPO's best spreads 2 points over 3 seeds; 3 seeds a side of that spread: Welch's df is
+    # 4, so the line is t(0.975, 4) x 2 x sqrt(2/3) = 4.5 points; 5 seeds against 3: 3.9
+    assert prr.detectable(2.0, 3, 3) == pytest.approx(2.7764451 * 2 * math.sqrt(2 / 3), rel=1e-6)
+    assert ("What these seeds can see (Welch's test at 5 %): arithmetic: GRPO's best spreads 2.0 points over 3 seeds, "
+            "so a row of that spread is told from it from 4.5 points over 3 seeds, 3.9 over 5; countdown:" in md)
 
 
 def test_a_cosine_row_is_named_with_its_warmup_and_rows_are_tested_against_it(tmp_path):
