@@ -227,10 +227,12 @@ def test_a_run_resumed_by_other_code_is_recorded_as_mixed(grid_run, tmp_path):
 def test_a_failing_run_is_reported_and_the_others_continue(small_builtin, tmp_path, capsys):
     variants = [{"name": "broken", "task.options": {"n_train": 200, "n_eval": 20, "difficulty": "no-such"}},
                 {"name": "fine", "train.steps": 1, "train.eval_every": 0, "train.plots": False}]
-    grid = _grid_file(tmp_path / "g.yaml", small_builtin, variants=variants, seeds=[0])
+    # the report's reference is the run that fails: the table is still written, without that column, and says so
+    grid = _grid_file(tmp_path / "g.yaml", small_builtin, variants=variants, seeds=[0], report={"reference": "broken"})
     assert main(["compare", "--config", str(grid), "--out", str(tmp_path / "o")]) == 1
     text = capsys.readouterr().out
     assert "broken seed=0: FAILED" in text and "fine seed=0: done" in text
+    assert "report.reference 'broken' has no finished run" in text
     assert (tmp_path / "o" / "broken" / "seed0" / "grid_error.txt").is_file()
     assert (tmp_path / "o" / "fine" / "seed0" / "summary.json").is_file()
     assert (tmp_path / "o" / "report" / "comparison.md").is_file()

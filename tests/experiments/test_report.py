@@ -140,15 +140,17 @@ def test_statistics_helpers():
         spike_count(base, window=0)
 
 
-@pytest.mark.parametrize("df", [1, 1.5, 2, 2.7, 4, 5.3, 8, 30, 250])
+@pytest.mark.parametrize("df", [0.3, 1, 1.5, 2, 2.7, 4, 5.3, 8, 30, 250, 1e6, 1e9, math.inf])
 def test_student_t_against_scipy(df):
     stats = pytest.importorskip("scipy.stats")
-    for p in (0.025, 0.1, 0.5, 0.9, 0.975, 0.995):
-        assert t_quantile(p, df) == pytest.approx(float(stats.t.ppf(p, df)), rel=1e-7, abs=1e-9)
-    for t in (-7.0, -1.0, 0.0, 0.3, 2.0, 12.0):
-        assert t_cdf(t, df) == pytest.approx(float(stats.t.cdf(t, df)), rel=1e-9, abs=1e-12)
+    for p in (1e-12, 0.025, 0.1, 0.5, 0.9, 0.975, 0.995, 1 - 1e-9):
+        assert t_quantile(p, df) == pytest.approx(float(stats.t.ppf(p, df)), rel=1e-6, abs=1e-9)
+    for t in (-1e6, -7.0, -1.0, 0.0, 0.3, 2.0, 12.0, 1e6, 1e200):
+        assert t_cdf(t, df) == pytest.approx(float(stats.t.cdf(t, df)), rel=1e-8, abs=1e-12)
     with pytest.raises(ValueError, match="p must be"):
         t_quantile(1.0, df)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_quantile(0.9, 0.0)
 
 
 def test_welch_against_scipy_on_unequal_seeds_and_spreads():
@@ -163,8 +165,14 @@ def test_welch_against_scipy_on_unequal_seeds_and_spreads():
     far = welch([x + 10 for x in a], b)
     assert far.word == "beats" and stats.ttest_ind([x + 10 for x in a], b, equal_var=False).pvalue < 0.05
     assert welch([1.0, 1.0], [2.0, 2.0]).word == "behind"  # no spread on either side: any difference is beyond it
+    assert welch([0.1 + 0.2] * 3, [0.3] * 3).word == "within noise"  # but rounding is no difference
+    lo, hi = w.interval
+    assert (lo, hi) == pytest.approx((w.diff - w.critical * w.se, w.diff + w.critical * w.se))
+    assert (lo < 0 < hi) == (w.word == "within noise")
     with pytest.raises(ValueError, match="two values or more"):
         welch([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="finite values"):
+        welch([1.0, math.nan], [1.0, 2.0])
 
 
 def test_run_label_sources(tmp_path):
@@ -364,6 +372,8 @@ def test_a_grid_report_reference_must_be_one_of_its_runs():
     assert grid_from_dict(grid).report == {"reference": "grpo"}
     with pytest.raises(ConfigError, match="report.reference 'gpro' is not a run name of the grid"):
         grid_from_dict({**grid, "report": {"reference": "gpro"}})
+    with pytest.raises(ConfigError, match="report.reference \\['grpo'\\] is not a run name"):
+        grid_from_dict({**grid, "report": {"reference": ["grpo"]}})
 
 
 def test_report_writes_beside_the_runs_by_default_and_says_where(tmp_path, capsys, monkeypatch):

@@ -16,6 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import paper_regime_report as prr  # noqa: E402
 
+from oblr.experiments.stats import welch  # noqa: E402
+
 
 def _run(root: Path, name: str, seed: int, *, baseline="grpo", schedule="constant", lr=0.1, ema=0.9, n=128,
          final=None, lrs=(0.1, 0.1), evals=((0, 0.2), (50, 0.3)), optimizer="sgd", steps=50, task="arithmetic",
@@ -314,8 +316,11 @@ def test_the_goal_row_by_row_by_hand(tmp_path):
     assert "#### The goal row by row: sgd, N = 128, 50 steps" in md and "adamw" not in md
     rows = {tuple(line.split(" | ")[:2]): line.split(" | ")[2:] for line in md.splitlines() if line.startswith("| oblr")}
     se = math.sqrt(statistics.variance([31, 32, 33]) / 3 + statistics.variance([30, 32, 34]) / 3)
+    lo, hi = welch([31, 32, 33], [30, 32, 34]).interval  # what the level row's seeds do not rule out
     assert rows[("| oblr-kl-target0.003", "1")] == [f"level (+0.0 ± {se:.1f}) [3]"] * 2 + [
-        "level on every task, ahead on none |"]
+        f"level on every task, ahead on none (95 % intervals: arithmetic {lo:+.1f} to {hi:+.1f}, countdown {lo:+.1f} to "
+        f"{hi:+.1f}) |"]
+    assert f"{hi:+.1f}" == "+4.2"  # Welch's df 2.9: t = 3.2 standard errors of 1.3
     assert rows[("| oblr-snr-ema", "3")][1].startswith("ahead (+9.0 ± ")
     assert rows[("| oblr-snr-ema", "3")][2] == "**met**: level on every task, ahead on countdown |"
     assert rows[("| oblr-snr-ema", "30")] == ["1 seed: -22.0 [1]; ended below its start (10.0 %)", "1 seed: -2.0 [1]",
@@ -334,7 +339,7 @@ def test_the_goal_row_by_row_by_hand(tmp_path):
     # what the seeds can see: GRPO's best spreads 2 points over 3 seeds; 3 seeds a side of that spread: Welch's df is
     # 4, so the line is t(0.975, 4) x 2 x sqrt(2/3) = 4.5 points; 5 seeds against 3: 3.9
     assert prr.detectable(2.0, 3, 3) == pytest.approx(2.7764451 * 2 * math.sqrt(2 / 3), rel=1e-6)
-    assert ("What these seeds can see (Welch's test at 5 %): arithmetic: GRPO's best spreads 2.0 points over 3 seeds, "
+    assert ("What these seeds can see (Welch's test at 5 %, equal spreads): arithmetic: GRPO's best spreads 2.0 points over 3 seeds, "
             "so a row of that spread is told from it from 4.5 points over 3 seeds, 3.9 over 5; countdown:" in md)
 
 

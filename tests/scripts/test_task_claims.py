@@ -116,6 +116,9 @@ def test_behind_and_too_few_seeds():
     assert tc.verdict(a, b).startswith("behind (-20.0")
     assert tc.verdict({"final": [0.5], "missing": []}, b) == "too few seeds"
     assert tc.verdict(None, b) == tc.verdict({"final": [], "missing": [0]}, b) == "not run"
+    # a finished run with no final accuracy (NaN) is left out, as the cells' mean ± std leave it out
+    assert tc.verdict({"final": [0.10, 0.11, 0.12, math.nan], "missing": []}, b) == tc.verdict(a, b)
+    assert tc.verdict({"final": [0.10, math.nan], "missing": []}, b) == "too few seeds"
 
 
 def test_one_task_mixing_protocols_is_refused(tmp_path):

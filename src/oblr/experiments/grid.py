@@ -157,7 +157,8 @@ def grid_from_dict(data: dict, source: str = "<dict>", grid_path: Path | None = 
     report = data.get("report") or {}
     if not isinstance(report, dict) or any(k not in REPORT_KEYS for k in report):
         raise ConfigError(f"grid {source}: 'report' must be a mapping with keys among {', '.join(REPORT_KEYS)}")
-    if "reference" in report and report["reference"] not in {v.name for v in variants}:
+    if "reference" in report and (not isinstance(report["reference"], str)
+                                  or report["reference"] not in {v.name for v in variants}):
         raise ConfigError(f"grid {source}: report.reference {report['reference']!r} is not a run name of the grid "
                           f"({', '.join(v.name for v in variants)})")
     out = data.get("out")

@@ -231,9 +231,13 @@ def _grid_report(grid: Grid, out_dir: Path, plan: list[PlannedRun], records: lis
     files: list[str] = []
     if finished:
         variant_of = {str(p.run_dir): p.variant for p in finished}
+        kw = dict(grid.report)
+        if kw.get("reference") is not None and kw["reference"] not in variant_of.values():
+            log(f"[grid] report.reference {kw.pop('reference')!r} has no finished run: the table has no "
+                "column against it")
         try:
             res = compare_runs([p.run_dir for p in finished], report_dir, group_by=lambda d: variant_of[str(d)],
-                               **grid.report)
+                               **kw)
             files = res["files"]
         except Exception as e:  # noqa: BLE001 - the runs are kept; the report can be rebuilt with `oblr report`
             log(f"[grid] comparison failed ({type(e).__name__}: {e}); rebuild with: oblr report {out_dir}")
