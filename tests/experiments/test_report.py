@@ -355,8 +355,12 @@ def test_report_tests_every_row_against_a_reference_by_welch(tmp_path, capsys):
     assert rows["grpo+constant"]["vs_reference"].endswith("(one run; no verdict)")
     assert rows["grpo+constant"]["vs_reference_verdict"] == ""
     line = next(x for x in md.splitlines() if x.startswith("| oblr+snr |"))
-    assert line.endswith(f"beats (+{float(rows['oblr+snr']['vs_reference_diff']):.3f} ± "
-                         f"{float(rows['oblr+snr']['vs_reference_se']):.3f}) |")
+    r = rows["oblr+snr"]
+    assert line.endswith(f"beats (+{float(r['vs_reference_diff']):.3f} ± {float(r['vs_reference_se']):.3f}; 95 %: "
+                         f"{float(r['vs_reference_low']):+.3f} to {float(r['vs_reference_high']):+.3f}) |")
+    half = float(stats.t.ppf(0.975, ref.df)) * float(r["vs_reference_se"])
+    assert float(r["vs_reference_low"]) == pytest.approx(float(r["vs_reference_diff"]) - half, rel=1e-6)
+    assert float(r["vs_reference_low"]) > 0  # beats: the whole interval above 0
     # close means with a spread: within noise; a run that never evaluated is left out of the test
     close = versus_reference([0.50, 0.52, 0.49, math.nan], [0.51, 0.48, 0.50])
     assert close["vs_reference_verdict"] == "within noise"

@@ -120,7 +120,8 @@ def _write_markdown(path: Path, groups: list[dict], acc_key: str | None, target:
                     reference: str | None = None) -> None:
     ref = (f" Last column: each row's final accuracy against `{reference}` by Welch's t-test over seeds "
            "(two-sided 5 %; `beats` / `behind` beyond seed noise, else `within noise`; the difference of "
-           "means ± its standard error; a row or reference of one run: the difference, no verdict)."
+           "means ± its standard error and its 95 % interval, the differences the seeds do not rule out; a row "
+           "or reference of one run: the difference, no verdict)."
            ) if reference else ""
     lines = ["# Run comparison\n",
              (f"Accuracy metric: `{acc_key}`; target accuracy: {target if target is None else f'{target:.3f}'}. "
@@ -146,12 +147,14 @@ def _write_markdown(path: Path, groups: list[dict], acc_key: str | None, target:
 
 def versus_reference(finals: list[float], reference: list[float], is_reference: bool = False) -> dict:
     """A group's final accuracies against the reference group's: ``vs_reference`` (the table's text) and
-    ``vs_reference_{diff,se,df,verdict}`` (NaN / "" where there is no test). Non-finite values (a run that
+    ``vs_reference_{diff,se,df,low,high,verdict}`` (NaN / "" where there is no test; low / high: the difference's
+    confidence interval at the test's level, what the seeds do not rule out). Non-finite values (a run that
     never evaluated) are left out."""
     a = [x for x in finals if math.isfinite(x)]
     b = [x for x in reference if math.isfinite(x)]
     row = {"vs_reference": "", "vs_reference_diff": math.nan, "vs_reference_se": math.nan,
-           "vs_reference_df": math.nan, "vs_reference_verdict": ""}
+           "vs_reference_df": math.nan, "vs_reference_low": math.nan, "vs_reference_high": math.nan,
+           "vs_reference_verdict": ""}
     if is_reference:
         row.update(vs_reference="reference", vs_reference_verdict="reference")
     elif not a or not b:
@@ -161,8 +164,10 @@ def versus_reference(finals: list[float], reference: list[float], is_reference: 
         row.update(vs_reference=f"{diff:+.3f} (one run; no verdict)", vs_reference_diff=diff)
     else:
         w = welch(a, b)
-        row.update(vs_reference=f"{w.word} ({w.diff:+.3f} ± {w.se:.3f})", vs_reference_diff=w.diff,
-                   vs_reference_se=w.se, vs_reference_df=w.df, vs_reference_verdict=w.word)
+        lo, hi = w.interval
+        row.update(vs_reference=f"{w.word} ({w.diff:+.3f} ± {w.se:.3f}; 95 %: {lo:+.3f} to {hi:+.3f})",
+                   vs_reference_diff=w.diff, vs_reference_se=w.se, vs_reference_df=w.df, vs_reference_low=lo,
+                   vs_reference_high=hi, vs_reference_verdict=w.word)
     return row
 
 
