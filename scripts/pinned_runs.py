@@ -23,6 +23,14 @@ DIR/out/LABEL/ROW-sSEED --jobs 1 train.threads=1`` with ``PYTHONPATH`` at the wo
 output in ``DIR/logs``. It prints one line per run started and finished. Started again after an interrupt, it
 resumes: ``oblr compare`` reuses a completed run and resumes one with a checkpoint.
 
+The queue is live: each time a slot frees, ``run`` reads the file again and starts its first line whose run is not
+completed, not already started by this runner and not claimed by another process, so lines can be added,
+removed or reordered while it works (a file that no longer parses is said so and the last good reading kept). A
+runner claims each run it starts with an OS lock on ``DIR/claims/LABEL/ROW-sSEED.claim``, held until that run
+ends and released by the kernel however the runner ends; so two runners on one ``--work`` folder (two queues,
+or one queue twice for more slots) never train the same run, and a runner started while another holds a run
+skips it.
+
 ``status`` checks the queue as ``run`` does and prints, per line, where its run stands: completed (with its final
 sampled accuracy), stopped (its summary's status), in progress (training steps logged of the configured steps, and
 how long ago its metrics were last written: a run that stopped without a summary, killed, stays there), or not
@@ -37,13 +45,15 @@ machine. A destination that exists is left alone (said so), never overwritten; a
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,14 +126,51 @@ def cut_config(config: Path, row: str, seed: int, out: Path) -> Path:
     return out
 
 
+_WORKTREES = threading.Lock()  # `git worktree add` of one pin from two of this runner's threads: made once
+
+
 def worktree(pin: str, work: Path, root: Path = ROOT) -> Path:
     """``work/pins/PIN``, a detached worktree of the commit (made once; a folder already there is reused)."""
     path = work / "pins" / pin
-    if not (path / "src" / "oblr").is_dir():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(path), pin], check=True,
-                       capture_output=True, text=True)
+    with _WORKTREES:
+        if not (path / "src" / "oblr").is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(path), pin], check=True,
+                           capture_output=True, text=True)
     return path
+
+
+def claim(job: Job, work: Path):
+    """The job's claim: an open file on ``DIR/claims/LABEL/ROW-sSEED.claim`` holding an exclusive OS lock (keep it
+    open while the run trains; closing it, or the process ending, releases it), or None when another process
+    holds it."""
+    path = work / "claims" / job.label / f"{job.name}.claim"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def claimed_elsewhere(job: Job, work: Path) -> bool:
+    """Another process holds the job's claim (creates nothing)."""
+    path = work / "claims" / job.label / f"{job.name}.claim"
+    if not path.is_file():
+        return False
+    with path.open() as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
 
 
 def data_dir(root: Path = ROOT) -> str:
@@ -270,12 +317,62 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work.resolve()
     for pin in dict.fromkeys(job.pin for job in jobs):  # made one by one before the runs start in parallel
         worktree(pin, work)
-    print(f"[pinned] {len(jobs)} runs, {args.jobs} at a time, into {work}", flush=True)
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        codes = list(pool.map(lambda job: run_job(job, work), jobs))
+    print(f"[pinned] {len(jobs)} runs, {args.jobs} at a time, into {work} (the queue is read again as slots "
+          "free)", flush=True)
+    codes = run_queue(args.queue, jobs, work, args.jobs)
     failed = sum(code != 0 for code in codes)
     print(f"[pinned] {len(codes) - failed} done, {failed} failed", flush=True)
     return 1 if failed else 0
+
+
+def next_job(queue: Path, last: list[Job], started: set, work: Path) -> tuple[Job | None, list[Job]]:
+    """The queue read again (``last`` kept, and said, when it no longer parses) and its first job that is not
+    completed, not in ``started`` (this runner's, by label and name) and not claimed by another process."""
+    try:
+        jobs = parse_queue(queue)
+    except ValueError as exc:
+        print(f"[pinned] the queue no longer parses ({exc}); going on with its last good reading", flush=True)
+        jobs = last
+    for job in jobs:
+        if (job.label, job.name) in started or job_status(job, work)[0] == "completed":
+            continue
+        if claimed_elsewhere(job, work):
+            continue
+        return job, jobs
+    return None, jobs
+
+
+def run_queue(queue: Path, jobs: list[Job], work: Path, slots: int,
+              run=lambda job, work: run_job(job, work)) -> list[int]:
+    """Keep ``slots`` runs going from the live queue (:func:`next_job`), each under its claim; returns the exit
+    codes of the runs this runner started, in the order they ended."""
+    started: set = set()
+    running: dict = {}
+    codes: list[int] = []
+
+    def claimed_run(job: Job, handle) -> int:
+        try:
+            return run(job, work)
+        finally:
+            handle.close()
+
+    with ThreadPoolExecutor(max_workers=slots) as pool:
+        while True:
+            while len(running) < slots:
+                job, jobs = next_job(queue, jobs, started, work)
+                if job is None:
+                    break
+                handle = claim(job, work)
+                if handle is None:  # claimed by another runner between the check and now
+                    continue
+                started.add((job.label, job.name))
+                running[pool.submit(claimed_run, job, handle)] = job
+            if not running:
+                return codes
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                running.pop(future)
+                codes.append(future.result())
 
 
 if __name__ == "__main__":

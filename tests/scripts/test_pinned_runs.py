@@ -1,7 +1,7 @@
 """scripts/pinned_runs.py: a bad queue line is refused with its line number before anything runs; a row is cut
 to itself and one seed; a run trains at its pin in a worktree (a real two-step grid at HEAD); import copies only
 completed runs, makes their paths repository-relative, refuses a leftover machine path and overwrites nothing; status says where each run of a queue
-stands."""
+stands; the queue is read again as slots free, and a run another runner claims is skipped."""
 
 from __future__ import annotations
 
@@ -159,3 +159,39 @@ def test_status_says_where_each_run_of_a_queue_stands(tmp_path, capsys):
     assert pr.main(["status", str(queue), "--work", str(work)]) == 2
     assert "ROW 'nosuchrow' is not in" in capsys.readouterr().err
     assert not (work / "pins").exists()  # status starts nothing
+
+
+def test_the_queue_is_read_again_as_slots_free_and_claimed_runs_are_skipped(tmp_path, capsys):
+    """One slot, a fake trainer: a completed run and a run another process claims are skipped; while the first run
+    trains, the queue is rewritten (a line added first, one removed): the next run is the new first line; a queue
+    that stops parsing keeps its last good reading; no run is started twice."""
+    grid, head, work = _grid(tmp_path), _head(), tmp_path / "work"
+    queue = tmp_path / "queue.txt"
+    line = f"{head} tiny {grid} {{}} {{}}\n"
+    queue.write_text(line.format("grpo-a", 0) + line.format("grpo-a", 1) + line.format("rloo-b", 0)
+                     + line.format("rloo-b", 1))
+    jobs = pr.parse_queue(queue)
+    done = pr.run_dir(jobs[0], work)  # grpo-a seed 0: completed before
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text(json.dumps({"status": "completed", "eval_accuracy_final": 0.5}))
+    held = pr.claim(jobs[1], work)  # grpo-a seed 1: another runner holds it
+    assert held is not None and pr.claimed_elsewhere(jobs[1], work)
+    ran = []
+
+    def fake(job, work_dir):
+        ran.append(job.name)
+        if len(ran) == 1:  # rloo-b-s0 runs: put rloo-b seed 5 first, drop rloo-b seed 1
+            queue.write_text(line.format("rloo-b", 5) + line.format("grpo-a", 1) + line.format("rloo-b", 0))
+        elif len(ran) == 2:
+            queue.write_text("not a queue line\n")
+        return 0
+
+    codes = pr.run_queue(queue, jobs, work, 1, run=fake)
+    assert ran == ["rloo-b-s0", "rloo-b-s5"] and codes == [0, 0]
+    assert not pr.claimed_elsewhere(jobs[2], work)  # this runner's claim of rloo-b seed 0 ended with its run
+    assert "no longer parses" in capsys.readouterr().out
+    held.close()
+    assert not pr.claimed_elsewhere(jobs[1], work)  # released: a later runner may take it
+    claim = pr.claim(jobs[1], work)
+    assert claim is not None  # and a runner's own claim ends with its run
+    claim.close()
