@@ -134,6 +134,31 @@ def test_decide_resumes_a_checkpointed_run_and_clears_a_partial_one(grid_run, tm
     assert decide(run, plan[("oblr-snr", 0)].cfg) == ("start", "partial run without checkpoint (cleared)")
 
 
+def test_a_run_another_process_holds_is_a_conflict_never_cleared_or_resumed(grid_run, tmp_path, capsys):
+    """A second `oblr compare` on a folder whose run is in progress (its lock held) leaves it alone: a partial run
+    without a checkpoint is not cleared (moved aside) under the running trainer, a checkpointed one not resumed."""
+    from oblr.train.run_dir import lock_run_dir
+
+    grid_path, out = grid_run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    run = copy / "oblr-snr" / "seed0"
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "checkpoints")  # what a trainer before its first checkpoint leaves
+    held = lock_run_dir(run)  # "another process": another open file holding the lock
+    try:
+        cfg = {(p.variant, p.seed): p for p in plan_grid(load_grid(grid_path), copy)}[("oblr-snr", 0)].cfg
+        action, reason = decide(run, cfg)
+        assert action == "conflict" and f"{run} is in use by process" in reason
+        assert main(["compare", "--config", str(grid_path), "--out", str(copy), "--only", "oblr-snr",
+                     "--seeds", "0"]) == 1
+        assert "in use by process" in capsys.readouterr().out
+        assert run.is_dir() and (run / "metrics.jsonl").is_file() and not list(run.parent.glob("seed0.*"))
+    finally:
+        held.close()
+    assert decide(run, cfg) == ("start", "partial run without checkpoint (cleared)")  # released: as before
+
+
 def test_an_interrupted_run_is_resumed_or_moved_aside_never_reused(grid_run, tmp_path, capsys):
     """An interrupted (or failed) run writes summary.json too, with its status: a second `oblr compare` resumes
     it from its checkpoint, and moves one without a checkpoint aside (kept) before starting it afresh."""

@@ -20,7 +20,8 @@ in :data:`IGNORED_FOR_MATCH` aside), *resumed* when it has a checkpoint and a co
 or failed run, whose summary says so, included; or a finished run asked for more ``train.steps``), *started*
 when empty (a partial run without any checkpoint is cleared first; one whose summary says it was interrupted or
 failed is moved aside to ``seed<k>.interrupted`` / ``.failed``), and a *conflict* (never touched) when it holds
-a run of another configuration.
+a run of another configuration or another process holds it (a run in progress: its ``.oblr.lock``; a second
+``oblr compare`` on the same folder leaves it alone).
 
 A folder made (or resumed) by other oblr code (another source hash, :mod:`oblr.provenance`; folders from before
 runs recorded their code count as other code), or started from other weights of the same model name (another
@@ -45,7 +46,7 @@ from oblr.config import Config, ConfigError, apply_overrides, config_from_dict, 
 from oblr.provenance import same_code, same_start_model
 from oblr.safe_load import InputError, load_yaml_file
 from oblr.train.checkpoint import latest_checkpoint
-from oblr.train.run_dir import RESUMABLE_CHANGES, config_diff, flatten
+from oblr.train.run_dir import RESUMABLE_CHANGES, config_diff, flatten, lock_holder
 from oblr.train.summary import summary_status
 
 GRID_KEYS = ("base", "runs", "seeds", "out", "report", "description")
@@ -248,6 +249,10 @@ def decide(run_dir: Path, cfg: Config, on_other_code: str = "refuse",
     now (:func:`start_fingerprint`; None: not compared)."""
     if on_other_code not in ON_OTHER_CODE:
         raise ConfigError(f"on_other_code must be one of {', '.join(ON_OTHER_CODE)}, got {on_other_code!r}")
+    owner = lock_holder(run_dir)
+    if owner is not None:  # a run in progress: neither cleared, moved aside nor resumed under it
+        return "conflict", (f"{run_dir} is in use by process {owner} (a run in progress); wait for it to end, "
+                            f"or use another --out")
     action, reason = _decide_config(run_dir, cfg)
     if action not in ("reuse", "resume"):
         return action, reason
