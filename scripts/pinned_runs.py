@@ -159,9 +159,8 @@ def claim(job: Job, work: Path):
     return handle
 
 
-def claimed_elsewhere(job: Job, work: Path) -> bool:
-    """Another process holds the job's claim (creates nothing)."""
-    path = work / "claims" / job.label / f"{job.name}.claim"
+def _held(path: Path) -> bool:
+    """Another open file holds an OS lock on ``path`` (creates nothing)."""
     if not path.is_file():
         return False
     with path.open() as handle:
@@ -171,6 +170,12 @@ def claimed_elsewhere(job: Job, work: Path) -> bool:
             return True
         fcntl.flock(handle, fcntl.LOCK_UN)
     return False
+
+
+def claimed_elsewhere(job: Job, work: Path) -> bool:
+    """Another process holds the job's claim, or trains its run (the run folder's ``.oblr.lock``, held by
+    ``oblr train``: a run started by hand or by a runner from before claims); creates nothing."""
+    return _held(work / "claims" / job.label / f"{job.name}.claim") or _held(run_dir(job, work) / ".oblr.lock")
 
 
 def data_dir(root: Path = ROOT) -> str:

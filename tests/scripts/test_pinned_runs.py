@@ -5,6 +5,7 @@ stands; the queue is read again as slots free, and a run another runner claims i
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import sys
@@ -162,9 +163,10 @@ def test_status_says_where_each_run_of_a_queue_stands(tmp_path, capsys):
 
 
 def test_the_queue_is_read_again_as_slots_free_and_claimed_runs_are_skipped(tmp_path, capsys):
-    """One slot, a fake trainer: a completed run and a run another process claims are skipped; while the first run
-    trains, the queue is rewritten (a line added first, one removed): the next run is the new first line; a queue
-    that stops parsing keeps its last good reading; no run is started twice."""
+    """One slot, a fake trainer: a completed run, a run another runner claims and a run a trainer holds (its run
+    folder's lock) are skipped; while the first run trains, the queue is rewritten (a line added first, one
+    removed): the next run is the new first line; a queue that stops parsing keeps its last good reading; no run
+    is started twice."""
     grid, head, work = _grid(tmp_path), _head(), tmp_path / "work"
     queue = tmp_path / "queue.txt"
     line = f"{head} tiny {grid} {{}} {{}}\n"
@@ -176,17 +178,24 @@ def test_the_queue_is_read_again_as_slots_free_and_claimed_runs_are_skipped(tmp_
     (done / "summary.json").write_text(json.dumps({"status": "completed", "eval_accuracy_final": 0.5}))
     held = pr.claim(jobs[1], work)  # grpo-a seed 1: another runner holds it
     assert held is not None and pr.claimed_elsewhere(jobs[1], work)
+    training = pr.run_dir(jobs[3], work)  # rloo-b seed 1: a trainer holds its run folder's lock, no claim
+    training.mkdir(parents=True)
+    lock = (training / ".oblr.lock").open("a+")
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert pr.claimed_elsewhere(jobs[3], work)
     ran = []
 
     def fake(job, work_dir):
         ran.append(job.name)
-        if len(ran) == 1:  # rloo-b-s0 runs: put rloo-b seed 5 first, drop rloo-b seed 1
-            queue.write_text(line.format("rloo-b", 5) + line.format("grpo-a", 1) + line.format("rloo-b", 0))
+        if len(ran) == 1:  # rloo-b-s0 runs: put rloo-b seed 5 first, drop grpo-a seed 0 (the completed one)
+            queue.write_text(line.format("rloo-b", 5) + line.format("grpo-a", 1) + line.format("rloo-b", 0)
+                             + line.format("rloo-b", 1))
         elif len(ran) == 2:
             queue.write_text("not a queue line\n")
         return 0
 
     codes = pr.run_queue(queue, jobs, work, 1, run=fake)
+    lock.close()
     assert ran == ["rloo-b-s0", "rloo-b-s5"] and codes == [0, 0]
     assert not pr.claimed_elsewhere(jobs[2], work)  # this runner's claim of rloo-b seed 0 ended with its run
     assert "no longer parses" in capsys.readouterr().out
