@@ -330,18 +330,25 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def next_job(queue: Path, last: list[Job], started: set, work: Path) -> tuple[Job | None, list[Job]]:
-    """The queue read again (``last`` kept, and said, when it no longer parses) and its first job that is not
-    completed, not in ``started`` (this runner's, by label and name) and not claimed by another process."""
+def completed(job: Job, work: Path) -> bool:
+    """The job's run has a summary that says it completed (an unreadable one: not completed)."""
+    try:
+        return json.loads((run_dir(job, work) / "summary.json").read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def next_job(queue: Path, last: list[Job], skip: set, work: Path) -> tuple[Job | None, list[Job]]:
+    """The queue read again (``last`` kept, and said, when it no longer parses or cannot be read) and its first
+    job that is not completed, not in ``skip`` (by label and name: this runner's runs, and any it could not claim
+    in this pass) and not claimed by another process."""
     try:
         jobs = parse_queue(queue)
-    except ValueError as exc:
-        print(f"[pinned] the queue no longer parses ({exc}); going on with its last good reading", flush=True)
+    except (ValueError, OSError) as exc:
+        print(f"[pinned] the queue cannot be read now ({exc}); going on with its last good reading", flush=True)
         jobs = last
     for job in jobs:
-        if (job.label, job.name) in started or job_status(job, work)[0] == "completed":
-            continue
-        if claimed_elsewhere(job, work):
+        if (job.label, job.name) in skip or completed(job, work) or claimed_elsewhere(job, work):
             continue
         return job, jobs
     return None, jobs
@@ -350,7 +357,8 @@ def next_job(queue: Path, last: list[Job], started: set, work: Path) -> tuple[Jo
 def run_queue(queue: Path, jobs: list[Job], work: Path, slots: int,
               run=lambda job, work: run_job(job, work)) -> list[int]:
     """Keep ``slots`` runs going from the live queue (:func:`next_job`), each under its claim; returns the exit
-    codes of the runs this runner started, in the order they ended."""
+    codes of the runs this runner started, in the order they ended (a run that raised counts as exit 1, said so,
+    and the runner goes on). A failed run is not retried by this runner (start it again, or another, for that)."""
     started: set = set()
     running: dict = {}
     codes: list[int] = []
@@ -358,17 +366,25 @@ def run_queue(queue: Path, jobs: list[Job], work: Path, slots: int,
     def claimed_run(job: Job, handle) -> int:
         try:
             return run(job, work)
+        except Exception as exc:  # noqa: BLE001 - e.g. a worktree that could not be made: this run fails, not the queue
+            print(f"[pinned] FAILED {job.pin} {job.label}/{job.name}: {type(exc).__name__}: {exc}", flush=True)
+            return 1
         finally:
             handle.close()
 
     with ThreadPoolExecutor(max_workers=slots) as pool:
         while True:
+            lost: set = set()  # runs whose claim another process took in this pass
             while len(running) < slots:
-                job, jobs = next_job(queue, jobs, started, work)
+                job, jobs = next_job(queue, jobs, started | lost, work)
                 if job is None:
                     break
                 handle = claim(job, work)
-                if handle is None:  # claimed by another runner between the check and now
+                if handle is not None and (completed(job, work) or _held(run_dir(job, work) / ".oblr.lock")):
+                    handle.close()  # finished, or taken by a trainer, between the check and the claim
+                    handle = None
+                if handle is None:
+                    lost.add((job.label, job.name))
                     continue
                 started.add((job.label, job.name))
                 running[pool.submit(claimed_run, job, handle)] = job

@@ -159,6 +159,53 @@ def test_a_run_another_process_holds_is_a_conflict_never_cleared_or_resumed(grid
     assert decide(run, cfg) == ("start", "partial run without checkpoint (cleared)")  # released: as before
 
 
+def test_a_run_taken_by_another_process_after_the_plan_is_left_alone(tmp_path, monkeypatch):
+    """The grid is planned once; while it trains run a, another process starts run b in its folder (takes its
+    lock). When the grid reaches b it must not clear the partial folder under that trainer: b is a conflict, its
+    folder untouched; a folder that gained a checkpoint since the plan is not cleared either."""
+    from oblr.config import save_config
+    from oblr.experiments import runner
+    from oblr.train.run_dir import lock_run_dir
+
+    g = tmp_path / "grid.yaml"
+    g.write_text(yaml.safe_dump({"base": {"train": {"steps": 2}}, "seeds": [0],
+                                 "runs": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}))
+    grid, out = load_grid(g), tmp_path / "out"
+    plan = {p.variant: p for p in plan_grid(grid, out)}
+    for name in ("b", "c"):  # partial runs without a checkpoint: planned as "start (cleared)"
+        d = plan[name].run_dir
+        d.mkdir(parents=True)
+        save_config(plan[name].cfg, d / "config.yaml")
+        (d / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert {p.variant: p.reason for p in plan_grid(grid, out)}["b"] == "partial run without checkpoint (cleared)"
+    held, trained = [], []
+
+    def fake(cfg, resume, variant, seed, quiet, plugins=()):
+        trained.append(variant)
+        if variant == "a":  # meanwhile: another process takes b, and c gains a checkpoint
+            held.append(lock_run_dir(plan["b"].run_dir))
+            (plan["c"].run_dir / "checkpoints" / "step_000001").mkdir(parents=True)
+            monkeypatch.setattr(runner, "clear_partial", _refusing_clear)
+        return {"status": "done", "seconds": 0.0, "summary": {}}
+
+    def _refusing_clear(run_dir):
+        raise RuntimeError(f"refusing to clear {run_dir}: it holds a finished summary or a checkpoint")
+
+    monkeypatch.setattr(runner, "_train_one", fake)
+    monkeypatch.setattr(runner, "_grid_report", lambda *a, **k: [])
+    lines = []
+    try:
+        res = runner.run_grid(grid, out, log=lines.append)
+    finally:
+        for h in held:
+            h.close()
+    status = {r["variant"]: r["status"] for r in res["runs"]}
+    assert trained == ["a"] and status == {"a": "done", "b": "conflict", "c": "conflict"} and res["failed"] == 2
+    assert any("b seed=0: CONFLICT" in x and "in use by process" in x for x in lines)
+    assert any("c seed=0: CONFLICT" in x and "changed since this grid was planned" in x for x in lines)
+    assert (plan["b"].run_dir / "metrics.jsonl").is_file() and not list(out.glob("b/seed0.*"))
+
+
 def test_an_interrupted_run_is_resumed_or_moved_aside_never_reused(grid_run, tmp_path, capsys):
     """An interrupted (or failed) run writes summary.json too, with its status: a second `oblr compare` resumes
     it from its checkpoint, and moves one without a checkpoint aside (kept) before starting it afresh."""

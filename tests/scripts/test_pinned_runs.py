@@ -198,9 +198,28 @@ def test_the_queue_is_read_again_as_slots_free_and_claimed_runs_are_skipped(tmp_
     lock.close()
     assert ran == ["rloo-b-s0", "rloo-b-s5"] and codes == [0, 0]
     assert not pr.claimed_elsewhere(jobs[2], work)  # this runner's claim of rloo-b seed 0 ended with its run
-    assert "no longer parses" in capsys.readouterr().out
+    assert "cannot be read now" in capsys.readouterr().out
     held.close()
     assert not pr.claimed_elsewhere(jobs[1], work)  # released: a later runner may take it
     claim = pr.claim(jobs[1], work)
     assert claim is not None  # and a runner's own claim ends with its run
     claim.close()
+
+
+def test_a_run_that_raises_or_a_queue_that_vanishes_does_not_stop_the_runner(tmp_path, capsys):
+    grid, head, work = _grid(tmp_path), _head(), tmp_path / "work"
+    queue = tmp_path / "queue.txt"
+    queue.write_text(f"{head} tiny {grid} grpo-a 0\n{head} tiny {grid} rloo-b 0\n")
+    ran = []
+
+    def fake(job, work_dir):
+        ran.append(job.name)
+        if job.row == "grpo-a":
+            queue.unlink()  # e.g. a checkout rewriting it
+            raise RuntimeError("git worktree add failed")
+        return 0
+
+    assert pr.run_queue(queue, pr.parse_queue(queue), work, 1, run=fake) == [1, 0]
+    out = capsys.readouterr().out
+    assert ran == ["grpo-a-s0", "rloo-b-s0"]
+    assert "FAILED" in out and "RuntimeError: git worktree add failed" in out and "cannot be read now" in out

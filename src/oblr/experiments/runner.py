@@ -30,6 +30,7 @@ from oblr.experiments.grid import (
     select,
     write_grid_file,
 )
+from oblr.train.run_dir import lock_holder
 
 __all__ = ["register_cli", "run_grid"]
 
@@ -155,7 +156,9 @@ def run_grid(grid: Grid, out_dir: str | Path, *, overrides: list[str] = (), jobs
     progress = _Progress(n, len(todo), jobs, log)
     if jobs == 1 or len(todo) <= 1:
         for k, p, rec in todo:
-            _start_msg(log, k, n, p)
+            if not _start_msg(log, k, n, p, rec):
+                progress.n_todo -= 1
+                continue
             rec.update(_train_one(*_job_args(p, jobs, quiet_runs), tuple(plugins)))
             progress.finished(k, p, rec)
     else:
@@ -171,7 +174,16 @@ def run_grid(grid: Grid, out_dir: str | Path, *, overrides: list[str] = (), jobs
     return {"runs": records, "failed": failed, "report": report_files, "seconds": seconds}
 
 
-def _start_msg(log, k: int, n: int, p: PlannedRun) -> None:
+def _start_msg(log, k: int, n: int, p: PlannedRun, rec: dict) -> bool:
+    """Say the run starts and clear or move aside what its plan says to -- unless another process has taken its
+    folder since the plan (a second ``oblr compare`` on the same folder): then it is a conflict, left alone, and
+    False is returned."""
+    owner = lock_holder(p.run_dir)
+    if owner is not None:
+        rec.update(status="conflict", error=f"{p.run_dir} is in use by process {owner} (a run in progress, "
+                                            "started after this grid was planned); left alone")
+        log(f"[grid] run {k}/{n} {p.name}: CONFLICT - {rec['error']}")
+        return False
     verb = {"resume": "resuming", "rerun": "rerunning"}.get(p.action, "starting")
     if p.action == "rerun":
         aside = move_aside(p.run_dir)
@@ -180,11 +192,17 @@ def _start_msg(log, k: int, n: int, p: PlannedRun) -> None:
         reason = p.reason
     log(f"[grid] run {k}/{n} {p.name}: {verb}{' (' + reason + ')' if reason else ''} -> {p.run_dir}")
     if p.action == "start" and p.reason:
-        aside = clear_partial(p.run_dir)
+        try:
+            aside = clear_partial(p.run_dir)
+        except RuntimeError as e:  # it gained a checkpoint or a finished summary since the plan: not ours to clear
+            rec.update(status="conflict", error=f"{e} (it changed since this grid was planned); left alone")
+            log(f"[grid] run {k}/{n} {p.name}: CONFLICT - {rec['error']}")
+            return False
         if aside is not None:
             why = ("held only damaged checkpoints" if ".damaged" in aside.name
                    else "held a run that stopped before any checkpoint")
             log(f"[grid] {p.run_dir} {why}: moved to {aside}, the run starts afresh")
+    return True
 
 
 def _job_args(p: PlannedRun, jobs: int, quiet: bool) -> tuple:
@@ -205,7 +223,9 @@ def _run_parallel(todo: list, n: int, jobs: int, progress: _Progress, log, plugi
             while queue or pending:
                 while queue and len(pending) < jobs:
                     k, p, rec = queue.pop(0)
-                    _start_msg(log, k, n, p)
+                    if not _start_msg(log, k, n, p, rec):
+                        progress.n_todo -= 1
+                        continue
                     pending[pool.submit(_train_one, *_job_args(p, jobs, True), plugins)] = (k, p, rec)
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
