@@ -32,9 +32,9 @@ or one queue twice for more slots) never train the same run, and a runner starte
 skips it.
 
 ``status`` checks the queue as ``run`` does and prints, per line, where its run stands: completed (with its final
-sampled accuracy), stopped (its summary's status), in progress (training steps logged of the configured steps, and
-how long ago its metrics were last written: a run that stopped without a summary, killed, stays there), or not
-started; then the counts. It starts nothing and can be called while ``run`` works.
+sampled accuracy), stopped (its summary's status; or a run with metrics that no process holds, neither a runner's
+claim nor the trainer's lock: killed), in progress (training steps logged of the configured steps, and how long ago
+its metrics were last written), or not started; then the counts. It starts nothing and can be called while ``run`` works.
 
 ``import`` copies each completed run under ``DIR/out/LABEL/*/ROW/seedK`` (its ``metrics.jsonl``,
 ``summary.json``, ``config.yaml``, ``code.json``) to ``DEST/ROW/seedK``, rewriting the run folder's absolute
@@ -228,7 +228,10 @@ def job_status(job: Job, work: Path, now: float | None = None) -> tuple[str, str
         if (run / "config.yaml").is_file():
             total = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("train", {}).get("steps", "?")
         age = ((time.time() if now is None else now) - metrics.stat().st_mtime) / 60
-        return "in progress", f"step {steps} of {total}, metrics last written {age:.0f} min ago"
+        where = f"step {steps} of {total}, metrics last written {age:.0f} min ago"
+        if not (_held(run / ".oblr.lock") or _held(work / "claims" / job.label / f"{job.name}.claim")):
+            return "stopped", f"stopped: {where}; no process holds it (killed?): a runner resumes it from its last checkpoint"
+        return "in progress", where
     return "not started", "not started"
 
 

@@ -141,6 +141,8 @@ def test_status_says_where_each_run_of_a_queue_stands(tmp_path, capsys):
     (going / "metrics.jsonl").write_text('{"step": 1, "optim/lr": 0.1}\n{"step": 1, "eval/accuracy_sampled": 0.2}\n'
                                          '{"step": 2, "optim/lr": 0.1}\n')
     mtime = (going / "metrics.jsonl").stat().st_mtime
+    lock = (going / ".oblr.lock").open("a+")  # its trainer holds the run folder
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     stopped = pr.run_dir(jobs[2], work)
     stopped.mkdir(parents=True)
     (stopped / "summary.json").write_text(json.dumps({"status": "interrupted"}))
@@ -150,6 +152,10 @@ def test_status_says_where_each_run_of_a_queue_stands(tmp_path, capsys):
         "line   3 abc lab/grpo-a-s2: stopped (interrupted; see the log)",
         "line   4 abc lab/grpo-a-s3: not started",
         "4 runs: 1 completed, 1 in progress, 1 stopped, 1 not started"]
+    lock.close()  # the trainer killed: the same metrics, no process holds the folder
+    assert pr.queue_status(jobs, work, now=mtime + 180)[1] == (
+        "line   2 abc lab/grpo-a-s1: stopped: step 2 of 100, metrics last written 3 min ago; no process holds it "
+        "(killed?): a runner resumes it from its last checkpoint")
     queue = tmp_path / "queue.txt"
     queue.write_text(f"{_head()} lab {grid} grpo-a 0\n{_head()} lab {grid} rloo-b 5\n")
     assert pr.main(["status", str(queue), "--work", str(work)]) == 0
