@@ -712,9 +712,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     image = Path(*args.out.parts[1:]) if args.out.parts[:1] == ("docs",) else args.out  # as docs/results.md links it
     longer = long_runs(raw)
+    own = md  # grid.md links its images beside it; the results document links them from docs/
     if longer and plot_curves(raw, args.out / "curves.png") is not None:
         md += "\n" + longer + f"\n![accuracy against the step]({image}/curves.png)\n"
-    (args.out / "grid.md").write_text(md, encoding="utf-8")
+        own += "\n" + longer + "\n![accuracy against the step](curves.png)\n"
+    (args.out / "grid.md").write_text("![accuracy against the rate](grid.png)\n\n" + own, encoding="utf-8")
     (args.out / "grid.json").write_text(json.dumps({" / ".join(map(str, k)): v for k, v in raw.items()}, indent=1)
                                         + "\n", encoding="utf-8")
     plot(points, args.out / "grid.png")
