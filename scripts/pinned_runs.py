@@ -59,6 +59,8 @@ from pathlib import Path
 
 import yaml
 
+from oblr.train.run_dir import lock_holder  # the trainer's own test of its run folder's lock
+
 ROOT = Path(__file__).resolve().parents[1]
 #: the files of a run folder that the repository keeps (plots and samples are regenerated, not committed)
 KEPT = ("metrics.jsonl", "summary.json", "config.yaml", "code.json")
@@ -160,7 +162,8 @@ def claim(job: Job, work: Path):
 
 
 def _held(path: Path) -> bool:
-    """Another open file holds an OS lock on ``path`` (creates nothing)."""
+    """Another open file holds an OS lock on ``path`` (creates nothing): a runner's claim (a run folder's lock is
+    the trainer's, tested by its own :func:`oblr.train.run_dir.lock_holder`)."""
     if not path.is_file():
         return False
     with path.open() as handle:
@@ -175,7 +178,7 @@ def _held(path: Path) -> bool:
 def claimed_elsewhere(job: Job, work: Path) -> bool:
     """Another process holds the job's claim, or trains its run (the run folder's ``.oblr.lock``, held by
     ``oblr train``: a run started by hand or by a runner from before claims); creates nothing."""
-    return _held(work / "claims" / job.label / f"{job.name}.claim") or _held(run_dir(job, work) / ".oblr.lock")
+    return _held(work / "claims" / job.label / f"{job.name}.claim") or lock_holder(run_dir(job, work)) is not None
 
 
 def data_dir(root: Path = ROOT) -> str:
@@ -229,7 +232,7 @@ def job_status(job: Job, work: Path, now: float | None = None) -> tuple[str, str
             total = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("train", {}).get("steps", "?")
         age = ((time.time() if now is None else now) - metrics.stat().st_mtime) / 60
         where = f"step {steps} of {total}, metrics last written {age:.0f} min ago"
-        if not (_held(run / ".oblr.lock") or _held(work / "claims" / job.label / f"{job.name}.claim")):
+        if lock_holder(run) is None and not _held(work / "claims" / job.label / f"{job.name}.claim"):
             return "stopped", f"stopped: {where}; no process holds it (killed?): a runner resumes it from its last checkpoint"
         return "in progress", where
     return "not started", "not started"
@@ -383,7 +386,7 @@ def run_queue(queue: Path, jobs: list[Job], work: Path, slots: int,
                 if job is None:
                     break
                 handle = claim(job, work)
-                if handle is not None and (completed(job, work) or _held(run_dir(job, work) / ".oblr.lock")):
+                if handle is not None and (completed(job, work) or lock_holder(run_dir(job, work)) is not None):
                     handle.close()  # finished, or taken by a trainer, between the check and the claim
                     handle = None
                 if handle is None:
