@@ -45,7 +45,6 @@ machine. A destination that exists is left alone (said so), never overwritten; a
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -59,6 +58,7 @@ from pathlib import Path
 
 import yaml
 
+from oblr.file_lock import holder, try_lock  # oblr's one way to take and test a lock
 from oblr.train.run_dir import lock_holder  # the trainer's own test of its run folder's lock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,37 +148,14 @@ def claim(job: Job, work: Path):
     holds it."""
     path = work / "claims" / job.label / f"{job.name}.claim"
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = path.open("a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        return None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle
-
-
-def _held(path: Path) -> bool:
-    """Another open file holds an OS lock on ``path`` (creates nothing): a runner's claim (a run folder's lock is
-    the trainer's, tested by its own :func:`oblr.train.run_dir.lock_holder`)."""
-    if not path.is_file():
-        return False
-    with path.open() as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    return False
+    return try_lock(path)
 
 
 def claimed_elsewhere(job: Job, work: Path) -> bool:
     """Another process holds the job's claim, or trains its run (the run folder's ``.oblr.lock``, held by
     ``oblr train``: a run started by hand or by a runner from before claims); creates nothing."""
-    return _held(work / "claims" / job.label / f"{job.name}.claim") or lock_holder(run_dir(job, work)) is not None
+    return (holder(work / "claims" / job.label / f"{job.name}.claim") is not None
+            or lock_holder(run_dir(job, work)) is not None)
 
 
 def data_dir(root: Path = ROOT) -> str:
@@ -232,7 +209,7 @@ def job_status(job: Job, work: Path, now: float | None = None) -> tuple[str, str
             total = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("train", {}).get("steps", "?")
         age = ((time.time() if now is None else now) - metrics.stat().st_mtime) / 60
         where = f"step {steps} of {total}, metrics last written {age:.0f} min ago"
-        if lock_holder(run) is None and not _held(work / "claims" / job.label / f"{job.name}.claim"):
+        if not claimed_elsewhere(job, work):
             return "stopped", f"stopped: {where}; no process holds it (killed?): a runner resumes it from its last checkpoint"
         return "in progress", where
     return "not started", "not started"

@@ -8,9 +8,10 @@ who holds it and since when (:func:`lock_holder`).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from pathlib import Path
+
+from oblr.file_lock import try_lock
 
 #: seconds between the lines a process prints while it waits for another's build lock
 LOCK_REPORT_EVERY_S = 30.0
@@ -32,8 +33,8 @@ def lock_holder(lock_file: Path) -> str:
 
 @contextlib.contextmanager
 def build_lock(path: Path, *, say=None):
-    """Hold an OS lock (``flock``, released by the kernel if the process dies) beside the built-in model's
-    folder while it is built, so that concurrent first uses build it once. The holder writes its pid and start
+    """Hold an OS lock (:func:`oblr.file_lock.try_lock`, released by the kernel if the process dies) beside the
+    built-in model's folder while it is built, so that concurrent first uses build it once. The holder writes its pid and start
     time into the lock file; a process that has to wait says who holds it and since when (``say``, default a
     ``[oblr]`` line on stderr), then again every :data:`LOCK_REPORT_EVERY_S` seconds."""
     import sys
@@ -44,28 +45,17 @@ def build_lock(path: Path, *, say=None):
             print(f"[oblr] {msg}", file=sys.stderr, flush=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_file = path.parent / f".{path.name}.lock"
-    with open(lock_file, "a+") as fh:  # append mode: opening never erases the holder's note
-        t0 = time.monotonic()
-        next_report = t0
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                now = time.monotonic()
-                if now >= next_report:
-                    waited = f", waited {now - t0:.0f} s" if now > t0 else ""
-                    say(f"waiting for {path.name}: {lock_holder(lock_file)} holds its lock {lock_file}{waited}")
-                    next_report = now + LOCK_REPORT_EVERY_S
-                time.sleep(0.2)
-        try:
-            fh.seek(0)
-            fh.truncate()
-            fh.write(f"{os.getpid()} {time.time():.3f}\n")
-            fh.flush()
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    t0 = time.monotonic()
+    next_report = t0
+    while (fh := try_lock(lock_file, note=f"{os.getpid()} {time.time():.3f}")) is None:
+        now = time.monotonic()
+        if now >= next_report:
+            waited = f", waited {now - t0:.0f} s" if now > t0 else ""
+            say(f"waiting for {path.name}: {lock_holder(lock_file)} holds its lock {lock_file}{waited}")
+            next_report = now + LOCK_REPORT_EVERY_S
+        time.sleep(0.2)
+    with fh:  # closing the file releases the lock
+        yield
 
 
 def cache_dir() -> Path:

@@ -11,9 +11,9 @@ starts from step 0 there); each refusal is one line that says what to do next an
 an option that refuses too. :func:`config_diff` compares a saved ``config.yaml`` with a config; the
 experiment grid uses it too (:func:`oblr.experiments.grid.decide`).
 
-A run folder belongs to one process at a time: :func:`lock_run_dir` takes an OS lock (``flock``) on
-``.oblr.lock`` inside it for the whole run; the kernel releases it when the process ends, however it ends,
-so a killed run never leaves a stale lock (:func:`oblr.checks.check_writable` checks it is writable first).
+A run folder belongs to one process at a time: :func:`lock_run_dir` takes an OS lock
+(:func:`oblr.file_lock.try_lock`) on ``.oblr.lock`` inside it for the whole run; the kernel releases it when
+the process ends, however it ends, so a killed run never leaves a stale lock (:func:`oblr.checks.check_writable` checks it is writable first).
 :func:`prepare_run_dir` is what the process holding the lock does first; :func:`resume_point` picks the
 checkpoint a resumed run starts from; :func:`start_over` starts a run again from step 0 when there is none
 (every damaged checkpoint moved aside first, so the new run's own checkpoints are never pruned in their
@@ -22,14 +22,12 @@ favour).
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import os
 from datetime import datetime
 from pathlib import Path
 
 from oblr.checks import check_writable
 from oblr.config import Config, ConfigError, config_from_dict, read_config_file, save_config
+from oblr.file_lock import holder, try_lock
 from oblr.train.checkpoint import (
     STATE_FILE,
     all_damaged_line,
@@ -87,27 +85,11 @@ def in_use_error(run_dir: Path, owner: str, *, resume: bool) -> ConfigError:
     return ConfigError(f"run folder {run_dir} is in use by another oblr process (pid {owner}); {then}")
 
 
-def _busy(e: OSError) -> bool:
-    return e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
-
-
 def lock_holder(run_dir: Path) -> str | None:
     """The pid (as written in ``.oblr.lock``; "unknown" before it is written) of another process holding
     ``run_dir``'s lock, or None when none does. Creates nothing; a lock held by this process through
     another open file counts as held (so the process holding it does not ask)."""
-    try:
-        fh = open(Path(run_dir) / LOCK_FILE)
-    except OSError:
-        return None
-    with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as e:
-            if not _busy(e):
-                raise
-            return fh.read().strip() or "unknown"
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    return None
+    return holder(Path(run_dir) / LOCK_FILE)
 
 
 def lock_run_dir(run_dir: Path, *, resume: bool = False):
@@ -115,20 +97,9 @@ def lock_run_dir(run_dir: Path, *, resume: bool = False):
     run, closing it releases the lock. Raises :class:`ConfigError` naming the folder, the owner's pid and
     what to do (:func:`in_use_error`; ``resume``: the run resumes) when another process holds it."""
     check_writable(run_dir, "run folder")
-    fh = open(Path(run_dir) / LOCK_FILE, "a+")
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        fh.seek(0)
-        owner = fh.read().strip() or "unknown"
-        fh.close()
-        if _busy(e):
-            raise in_use_error(run_dir, owner, resume=resume) from None
-        raise
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"{os.getpid()}\n")
-    fh.flush()
+    fh = try_lock(Path(run_dir) / LOCK_FILE)
+    if fh is None:
+        raise in_use_error(run_dir, lock_holder(run_dir) or "unknown", resume=resume) from None
     return fh
 
 
