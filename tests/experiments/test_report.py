@@ -15,7 +15,9 @@ from oblr.experiments.report import plot_run
 from oblr.experiments.stats import (
     auc_normalized,
     load_run,
+    paired,
     run_label,
+    seed_correlation,
     spike_count,
     steps_to_target,
     t_cdf,
@@ -476,3 +478,31 @@ def test_runs_moved_aside_by_compare_are_not_reported_with_the_grid(tmp_path):
         (tmp_path / "v" / name / "metrics.jsonl").write_text("")
     assert find_run_dirs([tmp_path]) == [tmp_path / "v" / "seed0"]
     assert find_run_dirs([tmp_path / "v" / "seed1.damaged"]) == [tmp_path / "v" / "seed1.damaged"]
+
+
+def test_paired_test_and_seed_correlation_against_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    a = {0: 50.1, 1: 48.2, 2: 49.8, 3: 51.0, 7: 99.0}  # seed 7 has no partner: left out
+    b = {0: 49.0, 1: 47.9, 2: 47.1, 3: 50.2, 5: 10.0}
+    common = [0, 1, 2, 3]
+    ref = stats.ttest_rel([a[k] for k in common], [b[k] for k in common])
+    t = paired(a, b)
+    assert t.diff / t.se == pytest.approx(float(ref.statistic), rel=1e-12) and t.df == 3
+    assert t.critical == pytest.approx(float(stats.t.ppf(0.975, 3)), rel=1e-7)
+    assert (t.word == "within noise") == (ref.pvalue > 0.05)
+    assert seed_correlation(a, b) == pytest.approx(
+        float(stats.pearsonr([a[k] for k in common], [b[k] for k in common]).statistic), rel=1e-12)
+    # a seed that moves both rows the same way: pairing sees a 1-point lead Welch's test cannot
+    shared = {k: 40.0 + 5 * k for k in range(4)}
+    lead = {k: v + 1.0 + 0.1 * (k % 2) for k, v in shared.items()}
+    assert paired(lead, shared).word == "beats"
+    assert welch(list(lead.values()), list(shared.values())).word == "within noise"
+    assert seed_correlation(lead, shared) > 0.99
+    assert paired({0: 0.1 + 0.2, 1: 0.3}, {0: 0.3, 1: 0.3}).word == "within noise"  # rounding is no difference
+    assert paired({0: 2.0, 1: 3.0}, {0: 1.0, 1: 2.0}).word == "beats"  # equal differences, no spread
+    assert math.isnan(seed_correlation({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0}))  # fewer than 3 in common
+    assert math.isnan(seed_correlation({0: 1.0, 1: 1.0, 2: 1.0}, {0: 1.0, 1: 2.0, 2: 3.0}))  # no spread
+    with pytest.raises(ValueError, match=r"two seeds or more in common, got 1 \(\[0\]\)"):
+        paired({0: 1.0, 1: 2.0}, {0: 1.0, 2: 2.0})
+    with pytest.raises(ValueError, match="finite values"):
+        paired({0: 1.0, 1: math.nan}, {0: 1.0, 1: 2.0})

@@ -370,3 +370,34 @@ def test_a_cosine_row_is_named_with_its_warmup_and_rows_are_tested_against_it(tm
     assert rows["| oblr-auto"] == ["1", "41.0 ± 1.0 (3)", f"beats (+4.0 ± {se_auto:.1f}) |"]
     assert "| 10 |" not in md  # one seed: not listed
     assert prr.against_schedules({k: p for k, p in points.items() if "cosine" not in k[4]}) == ""
+
+
+def test_the_goal_verdicts_paired_by_seed_by_hand(tmp_path):
+    """GRPO's best at 0.1 (30 / 32 / 34 % on seeds 0-2) on two tasks; a kl row one point above it seed by seed
+    (31 / 33.1 / 35): Welch's test on the 3 + 3 values calls it level, the paired test on the three shared seeds
+    ahead, with the seeds moving both rows together (correlation near 1); a row sharing only two seeds with GRPO is
+    left out; a fixed-rate row is not tuning-free and is left out."""
+    for task in ("arithmetic", "countdown"):
+        for s, f in enumerate((0.30, 0.32, 0.34)):
+            _run(tmp_path / task, "grpo-0.1", s, lr=0.1, final=f, task=task)
+        for s, f in enumerate((0.31, 0.331, 0.35)):
+            _run(tmp_path / task, "kl-1", s, baseline="oblr", schedule="kl", lr=1.0, final=f, task=task,
+                 options={"target": 0.003})
+        for s, f in ((0, 0.3), (1, 0.3), (5, 0.3)):
+            _run(tmp_path / task, "snr-3", s, baseline="oblr", schedule="snr", lr=3.0, final=f, task=task)
+        for s, f in enumerate((0.31, 0.33, 0.35)):
+            _run(tmp_path / task, "oblr-0.1", s, baseline="oblr", lr=0.1, final=f, task=task)
+    points = {k: prr.point(v) for k, v in prr.collect([tmp_path]).items()}
+    md = prr.paired_check(points)
+    a, b = {0: 31.0, 1: 33.1, 2: 35.0}, {0: 30.0, 1: 32.0, 2: 34.0}
+    d = [1.0, 1.1, 1.0]
+    se = statistics.stdev(d) / math.sqrt(3)
+    w = welch(list(a.values()), list(b.values()))
+    assert w.word == "within noise"
+    rows = [line for line in md.splitlines() if line.startswith("| sgd")]
+    assert rows == [f"| sgd | {task} | oblr-kl-target0.003 | 1 | 3 / 3 / 3 | level ({w.diff:+.1f} ± {w.se:.1f}) | "
+                    f"ahead ({statistics.fmean(d):+.1f} ± {se:.1f}, df 2) | +1.00 |" for task in ("arithmetic", "countdown")]
+    assert ("2 comparisons; the same-seed correlation's median is +1.00 (2 of 2 positive). Verdicts that differ: "
+            "sgd arithmetic: oblr-kl-target0.003 at 1 (level by Welch's, ahead paired); sgd countdown: "
+            "oblr-kl-target0.003 at 1 (level by Welch's, ahead paired).") in md
+    assert prr.paired_check({k: p for k, p in points.items() if k[0] == "arithmetic"}) == ""  # no goal table

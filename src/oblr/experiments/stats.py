@@ -16,7 +16,8 @@ Across seeds, two rows' final accuracies are compared by Welch's t-test (:func:`
 its standard error ``sqrt(s_a^2 / n_a + s_b^2 / n_b)``, the Welch-Satterthwaite degrees of freedom and the
 two-sided critical value of Student's t (:func:`t_quantile`, pure Python: the regularized incomplete beta by its
 continued fraction, inverted by bisection). With 3 seeds a side the 5 % critical value is 2.8 (equal spreads) to
-4.3 (one side's spread dominating), with 5 seeds 2.3 to 2.8, not 2.
+4.3 (one side's spread dominating), with 5 seeds 2.3 to 2.8, not 2. The paired test on the seeds two rows
+share (:func:`paired`) and the correlation a seed induces between them (:func:`seed_correlation`) check it.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ __all__ = [
     "last_finite",
     "load_run",
     "merge_by_step",
+    "paired",
     "run_config",
     "run_label",
+    "seed_correlation",
     "series",
     "spike_count",
     "split_by_settings",
@@ -233,9 +236,10 @@ def t_quantile(p: float, df: float) -> float:
 
 
 class Welch(NamedTuple):
-    """Welch's two-sample comparison of means: ``diff = mean(a) - mean(b)``, its standard error ``se``, the
-    Welch-Satterthwaite degrees of freedom ``df`` and the two-sided critical value ``critical`` at the test's
-    level (``|diff| > critical * se``: the means differ beyond seed noise)."""
+    """A t comparison of means: ``diff = mean(a) - mean(b)``, its standard error ``se``, the degrees of freedom
+    ``df`` and the two-sided critical value ``critical`` at the test's level (``|diff| > critical * se``: the means
+    differ beyond seed noise). :func:`welch` makes one from two samples (Welch-Satterthwaite ``df``),
+    :func:`paired` from the seeds two rows share (``df = n - 1``)."""
 
     diff: float
     se: float
@@ -276,6 +280,40 @@ def welch(a: list[float], b: list[float], alpha: float = 0.05) -> Welch:
     if se == 0.0 and abs(diff) <= 1e-12 * max(abs(ma), abs(mb), 1.0):
         diff = 0.0  # the same values summed in another order: no difference at all
     return Welch(diff, se, df, critical)
+
+
+def paired(a: dict, b: dict, alpha: float = 0.05) -> Welch:
+    """The paired t-test of ``a`` against ``b`` (``{seed: value}``) on the seeds both have (two or more, all finite):
+    the mean of the per-seed differences ``a[s] - b[s]``, its standard error ``sd / sqrt(n)``, ``df = n - 1`` and
+    the two-sided critical value at level ``alpha``. More powerful than :func:`welch` only where a seed moves both
+    rows the same way (:func:`seed_correlation` positive); with ``n - 1`` degrees of freedom it is less powerful
+    where it does not. All differences equal (no spread): beyond noise unless they are rounding."""
+    common = sorted(set(a) & set(b))
+    if len(common) < 2:
+        raise ValueError(f"a paired test needs two seeds or more in common, got {len(common)} ({common})")
+    d = [a[k] - b[k] for k in common]
+    if not all(math.isfinite(x) for x in d):
+        raise ValueError(f"a paired test needs finite values, got differences {d} on seeds {common}")
+    n = len(d)
+    mean = sum(d) / n
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n)
+    if se == 0.0 and abs(mean) <= 1e-12 * max(1.0, *(max(abs(a[k]), abs(b[k])) for k in common)):
+        mean = 0.0  # the same values summed in another order: no difference at all
+    return Welch(mean, se, n - 1, t_quantile(1.0 - alpha / 2.0, n - 1))
+
+
+def seed_correlation(a: dict, b: dict) -> float:
+    """Pearson's correlation of ``a[s]`` and ``b[s]`` over the seeds both have (``{seed: value}``): how much a seed
+    moves two rows together, which is what pairing by seed can remove. NaN with fewer than 3 seeds in common or
+    no spread on a side."""
+    common = sorted(set(a) & set(b))
+    if len(common) < 3:
+        return math.nan
+    x, y = [a[k] for k in common], [b[k] for k in common]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    sxy = sum((u - mx) * (v - my) for u, v in zip(x, y))
+    sxx, syy = sum((u - mx) ** 2 for u in x), sum((v - my) ** 2 for v in y)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
 
 
 def _normal_quantile(p: float) -> float:
