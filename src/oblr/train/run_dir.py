@@ -13,7 +13,8 @@ experiment grid uses it too (:func:`oblr.experiments.grid.decide`).
 
 A run folder belongs to one process at a time: :func:`lock_run_dir` takes an OS lock
 (:func:`oblr.file_lock.try_lock`) on ``.oblr.lock`` inside it for the whole run; the kernel releases it when
-the process ends, however it ends, so a killed run never leaves a stale lock (:func:`oblr.checks.check_writable` checks it is writable first).
+the process ends, however it ends, so a killed run never leaves a stale lock (:func:`oblr.checks.check_writable`
+checks it is writable first).
 :func:`prepare_run_dir` is what the process holding the lock does first; :func:`resume_point` picks the
 checkpoint a resumed run starts from; :func:`start_over` starts a run again from step 0 when there is none
 (every damaged checkpoint moved aside first, so the new run's own checkpoints are never pruned in their
