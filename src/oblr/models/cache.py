@@ -35,8 +35,8 @@ def lock_holder(lock_file: Path) -> str:
 def build_lock(path: Path, *, say=None):
     """Hold an OS lock (:func:`oblr.file_lock.try_lock`, released by the kernel if the process dies) beside the
     built-in model's folder while it is built, so that concurrent first uses build it once. The holder writes its
-    pid and start time into the lock file; a process that has to wait says who holds it and since when (``say``, default a
-    ``[oblr]`` line on stderr), then again every :data:`LOCK_REPORT_EVERY_S` seconds."""
+    pid and start time into the lock file; a process that has to wait says who holds it and since when (``say``,
+    default a ``[oblr]`` line on stderr), then again every :data:`LOCK_REPORT_EVERY_S` seconds."""
     import sys
     import time
 
